@@ -1,0 +1,26 @@
+//! Malachi's segment store: the on-disk record format, durable appends with group commit,
+//! seal-as-fence, crash recovery, read-only verification, and the disk seam under all of them.
+//!
+//! This crate owns the bytes of segment files and nothing else: it knows no topics, ranges or
+//! replicas, and it never decides when to roll or seal (metadata does). It does all its I/O
+//! through [`storage::Storage`], so the same code runs on real files and on the simulator's disk.
+//! An append is acknowledged only after its `fdatasync` returned successfully; a failed write or
+//! sync poisons the segment until it is reopened.
+
+pub mod error;
+pub mod format;
+pub mod index;
+pub mod limits;
+pub mod record;
+pub mod rng;
+pub mod segment;
+pub mod storage;
+
+pub use error::{AppendError, OpenError, PoisonCause, ReadError, SealError};
+pub use limits::{LimitError, Limits};
+pub use record::{Record, StoredRecord};
+pub use segment::{
+    AppendTicket, BadFrame, GroupCommitConfig, ReadBatch, RecoveryReport, SealInfo, Segment,
+    SegmentConfig, SegmentStatus, VerifyReport, segment_paths, verify_segment,
+};
+pub use storage::{OpenMode, RealStorage, SimFaults, SimStorage, Storage, StorageFile};

@@ -1,0 +1,238 @@
+//! The segment's write state, with no I/O and no locking: staging, flush bookkeeping, seal state.
+//!
+//! Appends are encoded into `pending` as they arrive; a flush takes the whole pending buffer as one
+//! job, writes it and syncs it outside any lock, and only then moves the durable end. The durable
+//! end is the acknowledgement: nothing below it may be lost and nothing above it is acknowledged
+//! or served to readers.
+
+use crate::error::{AppendError, PoisonCause};
+use crate::format;
+use crate::index::{IndexEntry, SparseIndex};
+use crate::limits::Limits;
+use crate::record::Record;
+
+/// Bounds on one group commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupCommitConfig {
+    /// Records in one flush.
+    pub batch_records_max: u32,
+    /// Bytes in one flush (a single append larger than this still goes alone).
+    pub batch_bytes_max: u64,
+    /// How long a flush may wait for more appends before it starts. Zero means start as soon as
+    /// the disk is idle, which already batches everything that arrives during the previous
+    /// `fdatasync`; a longer linger trades latency at light load for fewer syncs.
+    pub linger_us: u64,
+}
+
+impl Default for GroupCommitConfig {
+    fn default() -> GroupCommitConfig {
+        GroupCommitConfig {
+            batch_records_max: 20_000,
+            batch_bytes_max: 8 * 1024 * 1024,
+            linger_us: 0,
+        }
+    }
+}
+
+/// What a sealed segment holds, as the store reports it to metadata.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealInfo {
+    /// Offset one past the last record.
+    pub end_offset: u64,
+    /// Bytes of header and record frames, the seal trailer excluded.
+    pub data_bytes: u64,
+}
+
+/// Offsets handed to one staged append: `[first_offset, end_offset)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendTicket {
+    pub first_offset: u64,
+    pub end_offset: u64,
+}
+
+/// A flush in flight: one contiguous buffer at one file position.
+#[derive(Debug)]
+pub(crate) struct FlushJob {
+    pub buffer: Vec<u8>,
+    pub position: u64,
+    pub end_offset: u64,
+    pub index: Vec<IndexEntry>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub base_offset: u64,
+    /// Offset one past the last durable record: the acknowledgement watermark.
+    pub durable_offset: u64,
+    /// File position one past the last durable frame.
+    pub durable_bytes: u64,
+    next_offset: u64,
+    next_position: u64,
+    pending: Vec<u8>,
+    pending_records: u64,
+    pending_index: Vec<IndexEntry>,
+    /// The buffer of the last finished flush, kept to be reused: no allocation in steady state.
+    spare: Vec<u8>,
+    /// Position of the last index entry, staged or durable.
+    last_index_position: u64,
+    pub index: SparseIndex,
+    pub sealed: Option<SealInfo>,
+    pub poisoned: Option<PoisonCause>,
+    /// A flush (or a seal) owns the file's tail.
+    pub flushing: bool,
+    limits: Limits,
+    group_commit: GroupCommitConfig,
+}
+
+impl Core {
+    pub fn new(
+        base_offset: u64,
+        durable_offset: u64,
+        durable_bytes: u64,
+        index: SparseIndex,
+        sealed: Option<SealInfo>,
+        limits: Limits,
+        group_commit: GroupCommitConfig,
+    ) -> Core {
+        Core {
+            base_offset,
+            durable_offset,
+            durable_bytes,
+            next_offset: durable_offset,
+            next_position: durable_bytes,
+            pending: Vec::new(),
+            pending_records: 0,
+            pending_index: Vec::new(),
+            spare: Vec::new(),
+            last_index_position: index.last_position(),
+            index,
+            sealed,
+            poisoned: None,
+            flushing: false,
+            limits,
+            group_commit,
+        }
+    }
+
+    /// Refuses appends to a poisoned or sealed segment.
+    pub fn check_writable(&self) -> Result<(), AppendError> {
+        if let Some(cause) = self.poisoned {
+            return Err(AppendError::Poisoned { cause });
+        }
+        if let Some(seal) = self.sealed {
+            return Err(AppendError::Sealed {
+                end_offset: seal.end_offset,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn has_pending(&self) -> bool {
+        self.pending_records > 0
+    }
+
+    /// Whether an append of `records` records and `bytes` bytes fits the pending batch now.
+    /// An empty batch takes anything, so one oversize append is never starved.
+    pub fn has_room(&self, records: u64, bytes: u64) -> bool {
+        !self.has_pending()
+            || self.pending_records + records <= u64::from(self.group_commit.batch_records_max)
+                && self.pending.len() as u64 + bytes <= self.group_commit.batch_bytes_max
+    }
+
+    pub fn batch_full(&self) -> bool {
+        !self.has_room(1, 1)
+    }
+
+    /// Encodes `records` into the pending batch and assigns their offsets. The caller has checked
+    /// limits, writability and room.
+    pub fn stage(&mut self, records: &[Record], encoded_bytes: u64) -> AppendTicket {
+        let first_offset = self.next_offset;
+        let start_len = self.pending.len();
+        self.pending.reserve(encoded_bytes as usize);
+        for record in records {
+            let position = self.next_position + (self.pending.len() - start_len) as u64;
+            if self
+                .index
+                .wants_entry_at(position, self.last_index_position)
+            {
+                self.pending_index.push(IndexEntry {
+                    offset: self.next_offset,
+                    position,
+                });
+                self.last_index_position = position;
+            }
+            format::encode_record(&mut self.pending, self.next_offset, record);
+            self.next_offset += 1;
+        }
+        let staged = (self.pending.len() - start_len) as u64;
+        assert_eq!(
+            staged, encoded_bytes,
+            "limits and encoder disagree on the batch size"
+        );
+        self.next_position += staged;
+        self.pending_records += records.len() as u64;
+        AppendTicket {
+            first_offset,
+            end_offset: self.next_offset,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn linger_us(&self) -> u64 {
+        self.group_commit.linger_us
+    }
+
+    /// Takes the pending batch as a flush job. The caller must hold `flushing`.
+    pub fn take_job(&mut self) -> FlushJob {
+        assert!(
+            self.flushing && self.has_pending(),
+            "take_job without a claim or a batch"
+        );
+        let mut buffer = std::mem::take(&mut self.spare);
+        std::mem::swap(&mut buffer, &mut self.pending);
+        let job = FlushJob {
+            position: self.next_position - buffer.len() as u64,
+            end_offset: self.next_offset,
+            index: std::mem::take(&mut self.pending_index),
+            buffer,
+        };
+        self.pending_records = 0;
+        assert_eq!(
+            job.position, self.durable_bytes,
+            "a flush must start at the durable end"
+        );
+        job
+    }
+
+    /// Records the outcome of a flush. Only a successful write *and* sync moves the durable end.
+    pub fn finish_job(&mut self, mut job: FlushJob, outcome: Result<(), PoisonCause>) {
+        assert!(self.flushing, "finish_job without a claim");
+        self.flushing = false;
+        match outcome {
+            Ok(()) => {
+                assert!(
+                    job.end_offset > self.durable_offset,
+                    "a flush must move the durable end"
+                );
+                self.durable_offset = job.end_offset;
+                self.durable_bytes = job.position + job.buffer.len() as u64;
+                for entry in job.index.drain(..) {
+                    self.index.push(entry);
+                }
+            }
+            Err(cause) => {
+                self.poisoned.get_or_insert(cause);
+            }
+        }
+        job.buffer.clear();
+        // Keep one batch worth of capacity, not the peak of a rare giant append.
+        if job.buffer.capacity() as u64 > 2 * self.group_commit.batch_bytes_max {
+            job.buffer
+                .shrink_to(self.group_commit.batch_bytes_max as usize);
+        }
+        self.spare = job.buffer;
+    }
+}

@@ -1,0 +1,235 @@
+//! Sequential frame scanning over a file: the shared engine of recovery, verify and reads.
+
+use std::io;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::format::{
+    self, CheckedFrame, FRAME_HEADER_BYTES, FrameError, FrameKind, SEAL_TRAILER_BYTES,
+    SEGMENT_HEADER_BYTES, SealTrailer,
+};
+use crate::index::{IndexEntry, SparseIndex};
+use crate::record::StoredRecord;
+use crate::storage::StorageFile;
+
+/// Reads frames at increasing positions through a buffer of whole chunks, so a scan costs one
+/// `pread` per chunk rather than per frame. Records decoded from it point into the chunk.
+pub(crate) struct FrameReader<'a> {
+    file: &'a dyn StorageFile,
+    /// Bytes of the file this reader may look at; nothing past it is trusted.
+    end: u64,
+    chunk_bytes: usize,
+    chunk: Bytes,
+    chunk_start: u64,
+}
+
+impl<'a> FrameReader<'a> {
+    pub(crate) fn new(file: &'a dyn StorageFile, end: u64, chunk_bytes: usize) -> FrameReader<'a> {
+        FrameReader {
+            file,
+            end,
+            chunk_bytes,
+            chunk: Bytes::new(),
+            chunk_start: 0,
+        }
+    }
+
+    pub(crate) fn end(&self) -> u64 {
+        self.end
+    }
+
+    /// Checks the frame at `position` (which must be below `end`).
+    pub(crate) fn check_at(
+        &mut self,
+        position: u64,
+    ) -> io::Result<Result<CheckedFrame, FrameError>> {
+        assert!(position < self.end, "check_at past the readable end");
+        if !self.buffered(position, FRAME_HEADER_BYTES as u64) {
+            self.refill(position, self.chunk_bytes)?;
+        }
+        let at = (position - self.chunk_start) as usize;
+        match format::check_frame(&self.chunk[at..]) {
+            Err(FrameError::Incomplete { needed, .. })
+                if self.chunk_start + (self.chunk.len() as u64) < self.end =>
+            {
+                self.refill(position, self.chunk_bytes.max(needed as usize))?;
+                Ok(format::check_frame(&self.chunk[..]))
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Decodes the record frame at `position`, which `check_at` has just accepted.
+    pub(crate) fn decode_at(&mut self, position: u64) -> Result<(StoredRecord, u64), FrameError> {
+        let at = (position - self.chunk_start) as usize;
+        format::decode_record(&self.chunk, at)
+    }
+
+    fn buffered(&self, position: u64, bytes: u64) -> bool {
+        position >= self.chunk_start
+            && position + bytes <= self.chunk_start + self.chunk.len() as u64
+    }
+
+    fn refill(&mut self, position: u64, bytes: usize) -> io::Result<()> {
+        let wanted = (bytes as u64).min(self.end - position) as usize;
+        let mut buffer = BytesMut::zeroed(wanted);
+        let read = self.file.read_at(&mut buffer, position)?;
+        buffer.truncate(read);
+        self.chunk = buffer.freeze();
+        self.chunk_start = position;
+        Ok(())
+    }
+}
+
+/// What a scan of a segment's frames found.
+#[derive(Debug)]
+pub(crate) struct ScanOutcome {
+    /// Offset one past the last valid record.
+    pub end_offset: u64,
+    /// File position one past the last valid frame (the seal trailer included, if any).
+    pub valid_bytes: u64,
+    pub seal: Option<SealTrailer>,
+    /// Where and why the scan stopped before the end of the file.
+    pub stop: Option<(u64, FrameError)>,
+    pub index: SparseIndex,
+}
+
+/// Scans frames from the header to `file_len`, stopping at the first bad one, and rebuilds the
+/// sparse index on the way.
+pub(crate) fn scan_frames(
+    file: &dyn StorageFile,
+    file_len: u64,
+    base_offset: u64,
+    index_interval_bytes: u32,
+    chunk_bytes: usize,
+) -> io::Result<ScanOutcome> {
+    let mut reader = FrameReader::new(file, file_len, chunk_bytes);
+    let mut index = SparseIndex::new(index_interval_bytes);
+    let mut position = SEGMENT_HEADER_BYTES;
+    let mut expected = base_offset;
+    let mut seal = None;
+    let mut stop = None;
+    while position < file_len {
+        let frame = match reader.check_at(position)? {
+            Ok(frame) => frame,
+            Err(error) => {
+                stop = Some((position, error));
+                break;
+            }
+        };
+        match frame.kind {
+            FrameKind::Record { offset } if offset == expected => {
+                if index.wants_entry_at(position, index.last_position()) {
+                    index.push(IndexEntry { offset, position });
+                }
+                expected += 1;
+                position += frame.frame_bytes;
+            }
+            FrameKind::Record { offset } => {
+                stop = Some((
+                    position,
+                    FrameError::OffsetMismatch {
+                        expected,
+                        found: offset,
+                    },
+                ));
+                break;
+            }
+            FrameKind::Seal(trailer)
+                if trailer.record_count == expected && trailer.data_bytes == position =>
+            {
+                seal = Some(trailer);
+                position += SEAL_TRAILER_BYTES;
+                if position < file_len {
+                    stop = Some((position, FrameError::MisplacedSeal));
+                }
+                break;
+            }
+            FrameKind::Seal(_) => {
+                stop = Some((position, FrameError::MisplacedSeal));
+                break;
+            }
+        }
+    }
+    Ok(ScanOutcome {
+        end_offset: expected,
+        valid_bytes: position,
+        seal,
+        stop,
+        index,
+    })
+}
+
+/// One damaged frame found by [`crate::verify_segment`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadFrame {
+    pub position: u64,
+    pub error: FrameError,
+}
+
+/// Reports every bad frame of a file without changing it. After a bad frame the scan resumes at
+/// the next position where a whole frame checks out, so one damaged frame does not hide others.
+pub(crate) fn verify_frames(
+    file: &dyn StorageFile,
+    file_len: u64,
+    base_offset: u64,
+    chunk_bytes: usize,
+    bad_frames_max: usize,
+) -> io::Result<(u64, Vec<BadFrame>, Option<SealTrailer>)> {
+    let mut reader = FrameReader::new(file, file_len, chunk_bytes);
+    let mut bad = Vec::new();
+    let mut records = 0;
+    let mut seal = None;
+    let mut expected = base_offset;
+    let mut position = SEGMENT_HEADER_BYTES;
+    while position < file_len && bad.len() < bad_frames_max {
+        match reader.check_at(position)? {
+            Ok(frame) => {
+                match frame.kind {
+                    FrameKind::Record { offset } => {
+                        if offset != expected {
+                            let error = FrameError::OffsetMismatch {
+                                expected,
+                                found: offset,
+                            };
+                            bad.push(BadFrame { position, error });
+                        }
+                        records += 1;
+                        expected = offset + 1;
+                    }
+                    FrameKind::Seal(trailer) => {
+                        let last = position + frame.frame_bytes == file_len;
+                        if !last
+                            || trailer.data_bytes != position
+                            || trailer.record_count != expected
+                        {
+                            bad.push(BadFrame {
+                                position,
+                                error: FrameError::MisplacedSeal,
+                            });
+                        }
+                        seal = Some(trailer);
+                    }
+                }
+                position += frame.frame_bytes;
+            }
+            Err(error) => {
+                bad.push(BadFrame { position, error });
+                position = resync(&mut reader, position + 1)?;
+            }
+        }
+    }
+    Ok((records, bad, seal))
+}
+
+/// The first position at or after `from` where a whole valid frame starts, or the end.
+fn resync(reader: &mut FrameReader<'_>, from: u64) -> io::Result<u64> {
+    let mut candidate = from;
+    while candidate + FRAME_HEADER_BYTES as u64 <= reader.end() {
+        if reader.check_at(candidate)?.is_ok() {
+            return Ok(candidate);
+        }
+        candidate += 1;
+    }
+    Ok(reader.end())
+}

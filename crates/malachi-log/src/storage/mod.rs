@@ -1,0 +1,53 @@
+//! The disk seam: every byte the segment store reads or writes goes through these two traits.
+//!
+//! [`RealStorage`] is the production implementation over files, with positioned vectored writes
+//! and `fdatasync`. [`SimStorage`] keeps everything in memory for the deterministic simulator and
+//! for crash tests: it keeps written and durable bytes apart and injects faults on demand.
+//! Neither decides anything; the segment store above them owns every decision.
+
+mod real;
+mod sim;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use real::RealStorage;
+pub use sim::{SimFaults, SimStorage};
+
+/// How [`Storage::open`] treats an existing or missing file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Open a file that must exist.
+    Existing,
+    /// Create a file that must not exist.
+    CreateNew,
+    /// Create the file, or empty it if it exists (derived files only, such as indexes).
+    Truncate,
+}
+
+/// A directory tree of files.
+pub trait Storage: Send + Sync + fmt::Debug {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    fn exists(&self, path: &Path) -> io::Result<bool>;
+    /// Paths of the files directly in `dir`, sorted.
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
+    /// Makes creations and removals in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// One open file. Positioned calls only, so one handle serves concurrent readers and a writer.
+pub trait StorageFile: Send + Sync + fmt::Debug {
+    fn len(&self) -> io::Result<u64>;
+    /// Fills `buf` from `position`; returns fewer bytes only at the end of the file.
+    fn read_at(&self, buf: &mut [u8], position: u64) -> io::Result<usize>;
+    /// Writes all of `bufs`, in order, starting at `position`.
+    fn write_all_at(&self, bufs: &[&[u8]], position: u64) -> io::Result<()>;
+    /// `fdatasync`: after `Ok`, everything written before the call survives a crash. After an
+    /// error nothing can be assumed, and calling it again proves nothing (the kernel may have
+    /// dropped the dirty pages); the caller must treat the file as failed.
+    fn sync_data(&self) -> io::Result<()>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+}

@@ -1,0 +1,479 @@
+//! An in-memory disk for the simulator and for crash tests.
+//!
+//! Each file keeps two views: `written` (what reads see, the page cache) and `durable` (what
+//! survives a crash), plus the list of operations written since the last successful sync. A
+//! crash keeps the durable bytes and, depending on [`SimFaults`], a random prefix of the unsynced
+//! operations with the last one possibly torn. A failed sync behaves as Linux does: the pending
+//! pages are dropped from the write-back queue, so a later sync succeeds without making them
+//! durable. File creations and removals become durable only through `sync_dir`.
+//!
+//! All randomness comes from the seed passed to [`SimStorage::new`]; maps are ordered, so the
+//! same seed and the same calls give the same bytes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{OpenMode, Storage, StorageFile};
+use crate::rng::SeededRng;
+
+/// Fault rates and crash behaviour; all off by default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SimFaults {
+    /// Chance, per thousand, that a `sync_data` fails with EIO.
+    pub sync_failure_per_mille: u64,
+    /// Chance, per thousand, that a write fails with EIO before writing anything.
+    pub write_failure_per_mille: u64,
+    /// Total bytes the disk holds; a write that would grow past it fails with ENOSPC.
+    pub capacity_bytes: Option<u64>,
+    /// On a crash, keep a random prefix of the unsynced operations instead of none of them.
+    pub crash_keeps_unsynced_prefix: bool,
+    /// On a crash, cut the last kept unsynced write at a random byte.
+    pub crash_tears_last_write: bool,
+}
+
+/// The simulated disk. Cloning shares the same disk.
+#[derive(Clone, Debug)]
+pub struct SimStorage {
+    state: Arc<Mutex<SimState>>,
+}
+
+#[derive(Debug)]
+struct SimState {
+    rng: SeededRng,
+    faults: SimFaults,
+    /// Bumped by every restart; handles opened before it are stale, as after a reboot.
+    epoch: u64,
+    /// Crashed and not yet restarted: every call fails.
+    down: bool,
+    /// Mutating calls left before a scheduled crash.
+    ops_until_crash: Option<u64>,
+    /// Syncs that will fail regardless of the rates, for tests that need one exact failure.
+    forced_sync_failures: u64,
+    next_file_id: u64,
+    dirs: BTreeSet<PathBuf>,
+    files: BTreeMap<PathBuf, SimFile>,
+    /// Durable files removed since their directory was last synced; a crash brings them back.
+    unsynced_removals: BTreeMap<PathBuf, SimFile>,
+    syncs: u64,
+}
+
+#[derive(Clone, Debug)]
+struct SimFile {
+    id: u64,
+    written: Vec<u8>,
+    durable: Vec<u8>,
+    unsynced: Vec<PendingOp>,
+    /// The directory entry survives a crash (it was created before a `sync_dir`).
+    entry_durable: bool,
+}
+
+#[derive(Clone, Debug)]
+enum PendingOp {
+    Write { position: u64, bytes: Vec<u8> },
+    SetLen(u64),
+}
+
+#[derive(Debug)]
+struct SimFileHandle {
+    state: Arc<Mutex<SimState>>,
+    path: PathBuf,
+    id: u64,
+    epoch: u64,
+}
+
+impl SimStorage {
+    pub fn new(seed: u64) -> SimStorage {
+        SimStorage {
+            state: Arc::new(Mutex::new(SimState {
+                rng: SeededRng::new(seed),
+                faults: SimFaults::default(),
+                epoch: 0,
+                down: false,
+                ops_until_crash: None,
+                forced_sync_failures: 0,
+                next_file_id: 1,
+                dirs: BTreeSet::new(),
+                files: BTreeMap::new(),
+                unsynced_removals: BTreeMap::new(),
+                syncs: 0,
+            })),
+        }
+    }
+
+    pub fn set_faults(&self, faults: SimFaults) {
+        self.lock().faults = faults;
+    }
+
+    /// Power loss now: every call fails until [`SimStorage::restart`].
+    pub fn crash_now(&self) {
+        self.lock().down = true;
+    }
+
+    /// Power loss just before the `ops`-th next mutating call (write, sync, set_len, create,
+    /// remove, sync_dir); that call and every later one fail until restart.
+    pub fn crash_after_ops(&self, ops: u64) {
+        self.lock().ops_until_crash = Some(ops);
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.lock().down
+    }
+
+    /// Reboots after a crash (or without one, which loses the same unsynced state): applies the
+    /// crash rules to every file and makes every open handle stale.
+    pub fn restart(&self) {
+        let mut state = self.lock();
+        state.restart();
+    }
+
+    /// The next `count` syncs fail with EIO.
+    pub fn fail_next_syncs(&self, count: u64) {
+        self.lock().forced_sync_failures = count;
+    }
+
+    /// Successful and failed `sync_data` calls so far.
+    pub fn sync_count(&self) -> u64 {
+        self.lock().syncs
+    }
+
+    /// Media damage: flips one bit in both views of the file.
+    pub fn flip_bit(&self, path: &Path, position: u64, bit: u8) -> io::Result<()> {
+        let mut state = self.lock();
+        let file = state.files.get_mut(path).ok_or_else(|| not_found(path))?;
+        let mask = 1u8 << (bit % 8);
+        for view in [&mut file.written, &mut file.durable] {
+            if let Some(byte) = view.get_mut(position as usize) {
+                *byte ^= mask;
+            }
+        }
+        Ok(())
+    }
+
+    /// Media damage: cuts the file to `len` bytes in both views.
+    pub fn truncate(&self, path: &Path, len: u64) -> io::Result<()> {
+        let mut state = self.lock();
+        let file = state.files.get_mut(path).ok_or_else(|| not_found(path))?;
+        file.written.truncate(len as usize);
+        file.durable.truncate(len as usize);
+        Ok(())
+    }
+
+    /// Media damage: the file is gone, durably.
+    pub fn delete(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.unsynced_removals.remove(path);
+        state
+            .files
+            .remove(path)
+            .map(|_| ())
+            .ok_or_else(|| not_found(path))
+    }
+
+    /// The bytes reads would see now.
+    pub fn written_bytes(&self, path: &Path) -> Option<Vec<u8>> {
+        self.lock().files.get(path).map(|file| file.written.clone())
+    }
+
+    /// The bytes a crash is certain to keep.
+    pub fn durable_bytes(&self, path: &Path) -> Option<Vec<u8>> {
+        self.lock().files.get(path).map(|file| file.durable.clone())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimState> {
+        self.state.lock().expect("sim storage lock poisoned")
+    }
+}
+
+impl SimState {
+    /// Accounts one mutating call against a scheduled crash.
+    fn tick(&mut self) -> io::Result<()> {
+        if self.down {
+            return Err(crashed());
+        }
+        match self.ops_until_crash {
+            Some(0) => {
+                self.down = true;
+                self.ops_until_crash = None;
+                Err(crashed())
+            }
+            Some(left) => {
+                self.ops_until_crash = Some(left - 1);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn check_up(&self) -> io::Result<()> {
+        if self.down { Err(crashed()) } else { Ok(()) }
+    }
+
+    fn restart(&mut self) {
+        self.files.retain(|_, file| file.entry_durable);
+        let removed = std::mem::take(&mut self.unsynced_removals);
+        self.files.extend(removed);
+        let paths: Vec<PathBuf> = self.files.keys().cloned().collect();
+        for path in paths {
+            let mut file = self.files.remove(&path).expect("listed above");
+            self.apply_crash(&mut file);
+            self.files.insert(path, file);
+        }
+        self.down = false;
+        self.ops_until_crash = None;
+        self.epoch += 1;
+    }
+
+    /// The durable bytes plus whatever the fault settings let survive of the unsynced tail.
+    fn apply_crash(&mut self, file: &mut SimFile) {
+        let pending = std::mem::take(&mut file.unsynced);
+        let mut kept = 0;
+        if self.faults.crash_keeps_unsynced_prefix && !pending.is_empty() {
+            kept = self.rng.below(pending.len() as u64 + 1) as usize;
+        }
+        let mut content = std::mem::take(&mut file.durable);
+        for (index, op) in pending.into_iter().take(kept).enumerate() {
+            let last = index + 1 == kept;
+            match op {
+                PendingOp::SetLen(len) => content.resize(len as usize, 0),
+                PendingOp::Write {
+                    position,
+                    mut bytes,
+                } => {
+                    if last && self.faults.crash_tears_last_write {
+                        let torn = self.rng.below(bytes.len() as u64 + 1) as usize;
+                        bytes.truncate(torn);
+                    }
+                    write_into(&mut content, position, &bytes);
+                }
+            }
+        }
+        file.written = content.clone();
+        file.durable = content;
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.files
+            .values()
+            .map(|file| file.written.len() as u64)
+            .sum()
+    }
+
+    fn file(&mut self, handle: &SimFileHandle) -> io::Result<&mut SimFile> {
+        if handle.epoch != self.epoch {
+            return Err(io::Error::other("stale file handle from before a restart"));
+        }
+        match self.files.get_mut(&handle.path) {
+            Some(file) if file.id == handle.id => Ok(file),
+            _ => Err(io::Error::new(io::ErrorKind::NotFound, "file was removed")),
+        }
+    }
+}
+
+impl Storage for SimStorage {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.check_up()?;
+        // Directories are durable at once: the simulator models file entries, not the tree.
+        for ancestor in dir.ancestors() {
+            state.dirs.insert(ancestor.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
+        let mut state = self.lock();
+        if mode == OpenMode::Existing {
+            state.check_up()?;
+        } else {
+            state.tick()?;
+        }
+        let parent = path.parent().unwrap_or(Path::new(""));
+        if !state.dirs.contains(parent) {
+            return Err(not_found(parent));
+        }
+        let exists = state.files.contains_key(path);
+        match (mode, exists) {
+            (OpenMode::Existing, false) => return Err(not_found(path)),
+            (OpenMode::CreateNew, true) => {
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "file exists"));
+            }
+            (OpenMode::Truncate, true) => {
+                let file = state.files.get_mut(path).expect("exists");
+                file.written.clear();
+                file.unsynced.push(PendingOp::SetLen(0));
+            }
+            (OpenMode::CreateNew | OpenMode::Truncate, false) => {
+                let id = state.next_file_id;
+                state.next_file_id += 1;
+                let file = SimFile {
+                    id,
+                    written: Vec::new(),
+                    durable: Vec::new(),
+                    unsynced: Vec::new(),
+                    entry_durable: false,
+                };
+                state.files.insert(path.to_path_buf(), file);
+            }
+            (OpenMode::Existing, true) => {}
+        }
+        let id = state.files[path].id;
+        Ok(Box::new(SimFileHandle {
+            state: Arc::clone(&self.state),
+            path: path.to_path_buf(),
+            id,
+            epoch: state.epoch,
+        }))
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.tick()?;
+        let file = state.files.remove(path).ok_or_else(|| not_found(path))?;
+        if file.entry_durable {
+            state.unsynced_removals.insert(path.to_path_buf(), file);
+        }
+        Ok(())
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        let state = self.lock();
+        state.check_up()?;
+        Ok(state.files.contains_key(path))
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let state = self.lock();
+        state.check_up()?;
+        if !state.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
+        Ok(state
+            .files
+            .keys()
+            .filter(|path| path.parent() == Some(dir))
+            .cloned()
+            .collect())
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.tick()?;
+        for (path, file) in state.files.iter_mut() {
+            if path.parent() == Some(dir) {
+                file.entry_durable = true;
+            }
+        }
+        state
+            .unsynced_removals
+            .retain(|path, _| path.parent() != Some(dir));
+        Ok(())
+    }
+}
+
+impl StorageFile for SimFileHandle {
+    fn len(&self) -> io::Result<u64> {
+        let mut state = self.state.lock().expect("sim storage lock poisoned");
+        state.check_up()?;
+        Ok(state.file(self)?.written.len() as u64)
+    }
+
+    fn read_at(&self, buf: &mut [u8], position: u64) -> io::Result<usize> {
+        let mut state = self.state.lock().expect("sim storage lock poisoned");
+        state.check_up()?;
+        let file = state.file(self)?;
+        let start = (position as usize).min(file.written.len());
+        let end = (start + buf.len()).min(file.written.len());
+        buf[..end - start].copy_from_slice(&file.written[start..end]);
+        Ok(end - start)
+    }
+
+    fn write_all_at(&self, bufs: &[&[u8]], position: u64) -> io::Result<()> {
+        let mut state = self.state.lock().expect("sim storage lock poisoned");
+        state.tick()?;
+        let total: usize = bufs.iter().map(|buf| buf.len()).sum();
+        let current_len = state.file(self)?.written.len() as u64;
+        let growth = (position + total as u64).saturating_sub(current_len);
+        if let Some(capacity) = state.faults.capacity_bytes
+            && state.used_bytes() + growth > capacity
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "simulated ENOSPC",
+            ));
+        }
+        let per_mille = state.faults.write_failure_per_mille;
+        if per_mille > 0 && state.rng.chance(per_mille, 1000) {
+            return Err(io::Error::other("simulated EIO on write"));
+        }
+        let mut bytes = Vec::with_capacity(total);
+        for buf in bufs {
+            bytes.extend_from_slice(buf);
+        }
+        let file = state.file(self)?;
+        write_into(&mut file.written, position, &bytes);
+        file.unsynced.push(PendingOp::Write { position, bytes });
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut state = self.state.lock().expect("sim storage lock poisoned");
+        state.tick()?;
+        state.syncs += 1;
+        let forced = state.forced_sync_failures > 0;
+        let per_mille = state.faults.sync_failure_per_mille;
+        let failed = forced || (per_mille > 0 && state.rng.chance(per_mille, 1000));
+        if forced {
+            state.forced_sync_failures -= 1;
+        }
+        let file = state.file(self)?;
+        if failed {
+            // The kernel marks the pages clean without writing them: they are lost on a crash
+            // and no later sync will retry them.
+            file.unsynced.clear();
+            return Err(io::Error::other("simulated EIO on fdatasync"));
+        }
+        // Apply exactly the pending operations: pages dropped by an earlier failed sync stay lost.
+        for op in std::mem::take(&mut file.unsynced) {
+            match op {
+                PendingOp::SetLen(len) => file.durable.resize(len as usize, 0),
+                PendingOp::Write { position, bytes } => {
+                    write_into(&mut file.durable, position, &bytes)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut state = self.state.lock().expect("sim storage lock poisoned");
+        state.tick()?;
+        let file = state.file(self)?;
+        file.written.resize(len as usize, 0);
+        file.unsynced.push(PendingOp::SetLen(len));
+        Ok(())
+    }
+}
+
+fn write_into(target: &mut Vec<u8>, position: u64, bytes: &[u8]) {
+    let start = position as usize;
+    if target.len() < start + bytes.len() {
+        target.resize(start + bytes.len(), 0);
+    }
+    target[start..start + bytes.len()].copy_from_slice(bytes);
+}
+
+fn crashed() -> io::Error {
+    io::Error::other("simulated crash: storage is down")
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{} not found", path.display()),
+    )
+}
+
+#[cfg(test)]
+mod tests;
