@@ -332,4 +332,4 @@ fn frame_crc(length_field: &[u8], payload: &[u8]) -> u32 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

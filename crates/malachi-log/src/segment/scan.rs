@@ -180,14 +180,15 @@ pub(crate) fn verify_frames(
     let mut bad = Vec::new();
     let mut records = 0;
     let mut seal = None;
-    let mut expected = base_offset;
+    // Unknown right after a bad frame: the frames it hid may have held any number of records.
+    let mut expected = Some(base_offset);
     let mut position = SEGMENT_HEADER_BYTES;
     while position < file_len && bad.len() < bad_frames_max {
         match reader.check_at(position)? {
             Ok(frame) => {
                 match frame.kind {
                     FrameKind::Record { offset } => {
-                        if offset != expected {
+                        if let Some(expected) = expected.filter(|&expected| expected != offset) {
                             let error = FrameError::OffsetMismatch {
                                 expected,
                                 found: offset,
@@ -195,14 +196,12 @@ pub(crate) fn verify_frames(
                             bad.push(BadFrame { position, error });
                         }
                         records += 1;
-                        expected = offset + 1;
+                        expected = Some(offset + 1);
                     }
                     FrameKind::Seal(trailer) => {
                         let last = position + frame.frame_bytes == file_len;
-                        if !last
-                            || trailer.data_bytes != position
-                            || trailer.record_count != expected
-                        {
+                        let count_ok = expected.is_none_or(|count| count == trailer.record_count);
+                        if !last || trailer.data_bytes != position || !count_ok {
                             bad.push(BadFrame {
                                 position,
                                 error: FrameError::MisplacedSeal,
@@ -215,6 +214,7 @@ pub(crate) fn verify_frames(
             }
             Err(error) => {
                 bad.push(BadFrame { position, error });
+                expected = None;
                 position = resync(&mut reader, position + 1)?;
             }
         }
