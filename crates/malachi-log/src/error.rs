@@ -63,11 +63,7 @@ pub enum SealError {
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error("offset {requested} is outside the segment's records [{start}, {end}]")]
-    OffsetOutOfRange {
-        requested: u64,
-        start: u64,
-        end: u64,
-    },
+    OffsetOutOfRange { requested: u64, start: u64, end: u64 },
     #[error("damaged frame at byte {position}: {error}")]
     Corrupt { position: u64, error: FrameError },
     #[error("segment unusable until reopened: {cause}")]

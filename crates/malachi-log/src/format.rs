@@ -132,10 +132,7 @@ pub fn frame_bytes(record: &Record) -> u64 {
 pub fn encode_record(out: &mut Vec<u8>, offset: u64, record: &Record) {
     let frame_start = out.len();
     let payload_len = frame_bytes(record) as usize - FRAME_HEADER_BYTES;
-    assert!(
-        payload_len <= FRAME_PAYLOAD_BYTES_MAX as usize,
-        "limits admitted an oversize record"
-    );
+    assert!(payload_len <= FRAME_PAYLOAD_BYTES_MAX as usize, "limits admitted an oversize record");
     out.extend_from_slice(&RECORD_MAGIC);
     out.extend_from_slice(&(payload_len as u32).to_le_bytes());
     out.extend_from_slice(&[0u8; 4]); // crc32c, filled in below
@@ -162,10 +159,8 @@ pub fn encode_record(out: &mut Vec<u8>, offset: u64, record: &Record) {
         out.extend_from_slice(value);
     }
     assert_eq!(out.len() - frame_start, FRAME_HEADER_BYTES + payload_len);
-    let crc = frame_crc(
-        &out[frame_start + 2..frame_start + 6],
-        &out[frame_start + FRAME_HEADER_BYTES..],
-    );
+    let crc =
+        frame_crc(&out[frame_start + 2..frame_start + 6], &out[frame_start + FRAME_HEADER_BYTES..]);
     out[frame_start + 6..frame_start + 10].copy_from_slice(&crc.to_le_bytes());
 }
 
@@ -209,10 +204,7 @@ pub struct CheckedFrame {
 pub fn check_frame(bytes: &[u8]) -> Result<CheckedFrame, FrameError> {
     let available = bytes.len() as u64;
     if bytes.len() < FRAME_HEADER_BYTES {
-        return Err(FrameError::Incomplete {
-            available,
-            needed: FRAME_HEADER_BYTES as u64,
-        });
+        return Err(FrameError::Incomplete { available, needed: FRAME_HEADER_BYTES as u64 });
     }
     let magic = [bytes[0], bytes[1]];
     let length = u32::from_le_bytes(bytes[2..6].try_into().expect("four bytes"));
@@ -232,10 +224,7 @@ pub fn check_frame(bytes: &[u8]) -> Result<CheckedFrame, FrameError> {
     }
     let total = FRAME_HEADER_BYTES + length as usize;
     if bytes.len() < total {
-        return Err(FrameError::Incomplete {
-            available,
-            needed: total as u64,
-        });
+        return Err(FrameError::Incomplete { available, needed: total as u64 });
     }
     let payload = &bytes[FRAME_HEADER_BYTES..total];
     let computed = frame_crc(&bytes[2..6], payload);
@@ -249,14 +238,9 @@ pub fn check_frame(bytes: &[u8]) -> Result<CheckedFrame, FrameError> {
         })
     } else {
         check_record_layout(payload)?;
-        FrameKind::Record {
-            offset: u64::from_le_bytes(payload[0..8].try_into().expect("eight")),
-        }
+        FrameKind::Record { offset: u64::from_le_bytes(payload[0..8].try_into().expect("eight")) }
     };
-    Ok(CheckedFrame {
-        kind,
-        frame_bytes: total as u64,
-    })
+    Ok(CheckedFrame { kind, frame_bytes: total as u64 })
 }
 
 /// Decodes the record frame at `chunk[at..]`. The record's byte fields are slices of `chunk`.
@@ -299,9 +283,7 @@ fn check_record_layout(payload: &[u8]) -> Result<(), FrameError> {
         return Err(FrameError::UnknownFlags { flags });
     }
     let read_u32 = |at: usize| -> Option<u64> {
-        payload
-            .get(at..at + 4)
-            .map(|b| u64::from(u32::from_le_bytes(b.try_into().expect("4"))))
+        payload.get(at..at + 4).map(|b| u64::from(u32::from_le_bytes(b.try_into().expect("4"))))
     };
     let key_len = read_u32(17).ok_or(FrameError::LayoutMismatch)?;
     let value_len = read_u32(21).ok_or(FrameError::LayoutMismatch)?;

@@ -39,10 +39,7 @@ pub enum IndexError {
 impl SparseIndex {
     pub fn new(interval_bytes: u32) -> SparseIndex {
         assert!(interval_bytes > 0, "index interval must be positive");
-        SparseIndex {
-            interval_bytes,
-            entries: Vec::new(),
-        }
+        SparseIndex { interval_bytes, entries: Vec::new() }
     }
 
     pub fn interval_bytes(&self) -> u32 {
@@ -59,9 +56,7 @@ impl SparseIndex {
 
     /// Position of the last entry, or the start of the frames when there is none.
     pub fn last_position(&self) -> u64 {
-        self.entries
-            .last()
-            .map_or(SEGMENT_HEADER_BYTES, |entry| entry.position)
+        self.entries.last().map_or(SEGMENT_HEADER_BYTES, |entry| entry.position)
     }
 
     /// Whether a frame at `position` is far enough past the last entry to deserve one.
@@ -72,10 +67,7 @@ impl SparseIndex {
 
     pub fn push(&mut self, entry: IndexEntry) {
         if let Some(last) = self.entries.last() {
-            assert!(
-                entry.offset > last.offset && entry.position > last.position,
-                "index order"
-            );
+            assert!(entry.offset > last.offset && entry.position > last.position, "index order");
         }
         self.entries.push(entry);
     }
@@ -122,10 +114,7 @@ impl SparseIndex {
             return Err(IndexError::BadSize);
         }
         let mut index = SparseIndex::new(interval_bytes);
-        for (at, raw) in bytes[INDEX_HEADER_BYTES..]
-            .chunks_exact(INDEX_ENTRY_BYTES)
-            .enumerate()
-        {
+        for (at, raw) in bytes[INDEX_HEADER_BYTES..].chunks_exact(INDEX_ENTRY_BYTES).enumerate() {
             let entry = IndexEntry {
                 offset: u64::from_le_bytes(raw[0..8].try_into().expect("eight bytes")),
                 position: u64::from_le_bytes(raw[8..16].try_into().expect("eight bytes")),
@@ -151,37 +140,18 @@ mod tests {
 
     fn sample() -> SparseIndex {
         let mut index = SparseIndex::new(4096);
-        index.push(IndexEntry {
-            offset: 0,
-            position: 32,
-        });
-        index.push(IndexEntry {
-            offset: 40,
-            position: 4200,
-        });
-        index.push(IndexEntry {
-            offset: 90,
-            position: 8400,
-        });
+        index.push(IndexEntry { offset: 0, position: 32 });
+        index.push(IndexEntry { offset: 40, position: 4200 });
+        index.push(IndexEntry { offset: 90, position: 8400 });
         index
     }
 
     #[test]
     fn floor_finds_the_entry_at_or_before() {
         let index = sample();
-        let cases = [
-            (0, Some(0)),
-            (39, Some(0)),
-            (40, Some(40)),
-            (89, Some(40)),
-            (1000, Some(90)),
-        ];
+        let cases = [(0, Some(0)), (39, Some(0)), (40, Some(40)), (89, Some(40)), (1000, Some(90))];
         for (offset, expected) in cases {
-            assert_eq!(
-                index.floor(offset).map(|entry| entry.offset),
-                expected,
-                "offset {offset}"
-            );
+            assert_eq!(index.floor(offset).map(|entry| entry.offset), expected, "offset {offset}");
         }
         assert_eq!(SparseIndex::new(1).floor(5), None);
     }
@@ -194,22 +164,14 @@ mod tests {
         let mut reordered = bytes.clone();
         reordered[INDEX_HEADER_BYTES + 16..INDEX_HEADER_BYTES + 24].copy_from_slice(&[0; 8]);
         let cases: Vec<(Vec<u8>, u64, u64, IndexError)> = vec![
-            (
-                bytes[..bytes.len() - 1].to_vec(),
-                100,
-                9000,
-                IndexError::BadSize,
-            ),
+            (bytes[..bytes.len() - 1].to_vec(), 100, 9000, IndexError::BadSize),
             (b"XXXX".repeat(4), 100, 9000, IndexError::BadHeader),
             (bytes.clone(), 90, 9000, IndexError::BadEntry { at: 2 }),
             (bytes.clone(), 100, 8400, IndexError::BadEntry { at: 2 }),
             (reordered, 100, 9000, IndexError::BadEntry { at: 1 }),
         ];
         for (input, end_offset, data_bytes, expected) in cases {
-            assert_eq!(
-                SparseIndex::decode(&input, 0, end_offset, data_bytes),
-                Err(expected)
-            );
+            assert_eq!(SparseIndex::decode(&input, 0, end_offset, data_bytes), Err(expected));
         }
     }
 }

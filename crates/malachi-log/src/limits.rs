@@ -88,11 +88,7 @@ impl Limits {
             }
             let bytes = record.user_bytes();
             if bytes > record_bytes_max {
-                return Err(LimitError::RecordTooLarge {
-                    index,
-                    bytes,
-                    max: record_bytes_max,
-                });
+                return Err(LimitError::RecordTooLarge { index, bytes, max: record_bytes_max });
             }
             batch_bytes += format::frame_bytes(record);
         }

@@ -34,11 +34,8 @@ impl Record {
     /// The bytes a user handed us: key, value, header names and values. Limits are counted in these.
     pub fn user_bytes(&self) -> u64 {
         let key_bytes = self.key.as_ref().map_or(0, |key| key.len() as u64);
-        let header_bytes: u64 = self
-            .headers
-            .iter()
-            .map(|(name, value)| (name.len() + value.len()) as u64)
-            .sum();
+        let header_bytes: u64 =
+            self.headers.iter().map(|(name, value)| (name.len() + value.len()) as u64).sum();
         key_bytes + self.value.len() as u64 + header_bytes
     }
 }

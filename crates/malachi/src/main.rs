@@ -1,1 +1,37 @@
-fn main() {}
+//! `malachi`: the broker and its command-line tools in one binary.
+//!
+//! Each subcommand lives in its own module; this file only parses arguments and dispatches.
+
+mod bench;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "malachi", version, about = "A replicated, append-only log broker.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Measure Malachi against a baseline measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Bench(command) => bench::run(command),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("malachi: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -27,18 +27,8 @@ fn golden_cases() -> Vec<(&'static str, Vec<u8>)> {
     encode_record(&mut keyed_frame, 0, &keyed);
     let mut tombstone_frame = Vec::new();
     encode_record(&mut tombstone_frame, 1, &keyless_tombstone);
-    let header = SegmentHeader {
-        segment_id: 7,
-        base_offset: 0,
-    }
-    .encode()
-    .to_vec();
-    let seal = SealTrailer {
-        record_count: 2,
-        data_bytes: 137,
-    }
-    .encode()
-    .to_vec();
+    let header = SegmentHeader { segment_id: 7, base_offset: 0 }.encode().to_vec();
+    let seal = SealTrailer { record_count: 2, data_bytes: 137 }.encode().to_vec();
     vec![
         ("segment_header.bin", header),
         ("record_keyed.bin", keyed_frame),
@@ -48,9 +38,7 @@ fn golden_cases() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn testdata(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("testdata")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)
 }
 
 #[test]
@@ -73,35 +61,19 @@ fn golden_segment_decodes() {
         segment.extend_from_slice(&bytes);
     }
     let header = SegmentHeader::decode(&segment).unwrap();
-    assert_eq!(
-        header,
-        SegmentHeader {
-            segment_id: 7,
-            base_offset: 0
-        }
-    );
+    assert_eq!(header, SegmentHeader { segment_id: 7, base_offset: 0 });
     let chunk = Bytes::from(segment);
     let (first, first_len) = decode_record(&chunk, 32).unwrap();
     assert_eq!(first.offset, 0);
     assert_eq!(first.record.key.as_deref(), Some(&b"user-42"[..]));
     let (second, second_len) = decode_record(&chunk, 32 + first_len as usize).unwrap();
     assert_eq!(
-        (
-            second.offset,
-            second.record.key.clone(),
-            second.record.tombstone
-        ),
+        (second.offset, second.record.key.clone(), second.record.tombstone),
         (1, None, true)
     );
     let seal_at = 32 + first_len + second_len;
     let sealed = check_frame(&chunk[seal_at as usize..]).unwrap();
-    assert_eq!(
-        sealed.kind,
-        FrameKind::Seal(SealTrailer {
-            record_count: 2,
-            data_bytes: seal_at
-        })
-    );
+    assert_eq!(sealed.kind, FrameKind::Seal(SealTrailer { record_count: 2, data_bytes: seal_at }));
 }
 
 /// `docs/storage-format.md` shows each golden file as hex; the document must not drift.
@@ -111,10 +83,8 @@ fn format_document_shows_the_golden_bytes() {
     let doc = std::fs::read_to_string(doc_path).unwrap();
     for (name, bytes) in golden_cases() {
         let marker = format!("<!-- golden: {name} -->");
-        let start = doc
-            .find(&marker)
-            .unwrap_or_else(|| panic!("document lacks {marker}"))
-            + marker.len();
+        let start =
+            doc.find(&marker).unwrap_or_else(|| panic!("document lacks {marker}")) + marker.len();
         let block = &doc[start..];
         let body_start = block.find("```\n").unwrap() + 4;
         let body_end = body_start + block[body_start..].find("```").unwrap();
@@ -128,20 +98,13 @@ fn format_document_shows_the_golden_bytes() {
             .step_by(2)
             .map(|at| u8::from_str_radix(&hex[at..at + 2], 16).unwrap())
             .collect();
-        assert_eq!(
-            shown, bytes,
-            "document's bytes for {name} differ from the encoder's"
-        );
+        assert_eq!(shown, bytes, "document's bytes for {name} differ from the encoder's");
     }
 }
 
 #[test]
 fn header_refusals() {
-    let good = SegmentHeader {
-        segment_id: 1,
-        base_offset: 0,
-    }
-    .encode();
+    let good = SegmentHeader { segment_id: 1, base_offset: 0 }.encode();
     let mut bad_magic = good;
     bad_magic[0] = b'X';
     let mut bad_crc = good;

@@ -120,9 +120,7 @@ impl Core {
             return Err(AppendError::Poisoned { cause });
         }
         if let Some(seal) = self.sealed {
-            return Err(AppendError::Sealed {
-                end_offset: seal.end_offset,
-            });
+            return Err(AppendError::Sealed { end_offset: seal.end_offset });
         }
         Ok(())
     }
@@ -151,30 +149,18 @@ impl Core {
         self.pending.reserve(encoded_bytes as usize);
         for record in records {
             let position = self.next_position + (self.pending.len() - start_len) as u64;
-            if self
-                .index
-                .wants_entry_at(position, self.last_index_position)
-            {
-                self.pending_index.push(IndexEntry {
-                    offset: self.next_offset,
-                    position,
-                });
+            if self.index.wants_entry_at(position, self.last_index_position) {
+                self.pending_index.push(IndexEntry { offset: self.next_offset, position });
                 self.last_index_position = position;
             }
             format::encode_record(&mut self.pending, self.next_offset, record);
             self.next_offset += 1;
         }
         let staged = (self.pending.len() - start_len) as u64;
-        assert_eq!(
-            staged, encoded_bytes,
-            "limits and encoder disagree on the batch size"
-        );
+        assert_eq!(staged, encoded_bytes, "limits and encoder disagree on the batch size");
         self.next_position += staged;
         self.pending_records += records.len() as u64;
-        AppendTicket {
-            first_offset,
-            end_offset: self.next_offset,
-        }
+        AppendTicket { first_offset, end_offset: self.next_offset }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -187,10 +173,7 @@ impl Core {
 
     /// Takes the pending batch as a flush job. The caller must hold `flushing`.
     pub fn take_job(&mut self) -> FlushJob {
-        assert!(
-            self.flushing && self.has_pending(),
-            "take_job without a claim or a batch"
-        );
+        assert!(self.flushing && self.has_pending(), "take_job without a claim or a batch");
         let mut buffer = std::mem::take(&mut self.spare);
         std::mem::swap(&mut buffer, &mut self.pending);
         let job = FlushJob {
@@ -200,10 +183,7 @@ impl Core {
             buffer,
         };
         self.pending_records = 0;
-        assert_eq!(
-            job.position, self.durable_bytes,
-            "a flush must start at the durable end"
-        );
+        assert_eq!(job.position, self.durable_bytes, "a flush must start at the durable end");
         job
     }
 
@@ -213,10 +193,7 @@ impl Core {
         self.flushing = false;
         match outcome {
             Ok(()) => {
-                assert!(
-                    job.end_offset > self.durable_offset,
-                    "a flush must move the durable end"
-                );
+                assert!(job.end_offset > self.durable_offset, "a flush must move the durable end");
                 self.durable_offset = job.end_offset;
                 self.durable_bytes = job.position + job.buffer.len() as u64;
                 for entry in job.index.drain(..) {
@@ -230,8 +207,7 @@ impl Core {
         job.buffer.clear();
         // Keep one batch worth of capacity, not the peak of a rare giant append.
         if job.buffer.capacity() as u64 > 2 * self.group_commit.batch_bytes_max {
-            job.buffer
-                .shrink_to(self.group_commit.batch_bytes_max as usize);
+            job.buffer.shrink_to(self.group_commit.batch_bytes_max as usize);
         }
         self.spare = job.buffer;
     }

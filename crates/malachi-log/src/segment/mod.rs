@@ -102,10 +102,7 @@ pub struct SegmentStatus {
 
 /// File names of a segment inside its directory.
 pub fn segment_paths(dir: &Path, segment_id: u64) -> (PathBuf, PathBuf) {
-    (
-        dir.join(format!("{segment_id:020}.seg")),
-        dir.join(format!("{segment_id:020}.idx")),
-    )
+    (dir.join(format!("{segment_id:020}.seg")), dir.join(format!("{segment_id:020}.idx")))
 }
 
 /// A segment file open for appends and reads.
@@ -133,26 +130,14 @@ impl Segment {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         storage.create_dir_all(dir)?;
         let file = storage.open(&data_path, OpenMode::CreateNew)?;
-        let header = SegmentHeader {
-            segment_id,
-            base_offset: 0,
-        };
+        let header = SegmentHeader { segment_id, base_offset: 0 };
         file.write_all_at(&[&header.encode()], 0)?;
         file.sync_data()?;
         storage.sync_dir(dir)?;
         let index = SparseIndex::new(config.index_interval_bytes);
-        let core = Core::new(
-            0,
-            0,
-            SEGMENT_HEADER_BYTES,
-            index,
-            None,
-            config.limits,
-            config.group_commit,
-        );
-        Ok(Segment::assemble(
-            segment_id, storage, index_path, file, config, core,
-        ))
+        let core =
+            Core::new(0, 0, SEGMENT_HEADER_BYTES, index, None, config.limits, config.group_commit);
+        Ok(Segment::assemble(segment_id, storage, index_path, file, config, core))
     }
 
     /// Opens an existing segment. A sealed one is trusted up to its trailer; an unsealed one is
@@ -165,32 +150,21 @@ impl Segment {
     ) -> Result<(Segment, RecoveryReport), OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::Existing)?;
-        let file_len = file.len()?;
+        let file_len = file.size_bytes()?;
         let mut header_bytes = [0u8; SEGMENT_HEADER_BYTES as usize];
         let read = file.read_at(&mut header_bytes, 0)?;
         let header = SegmentHeader::decode(&header_bytes[..read])?;
         if header.segment_id != segment_id {
-            return Err(OpenError::WrongSegment {
-                expected: segment_id,
-                found: header.segment_id,
-            });
+            return Err(OpenError::WrongSegment { expected: segment_id, found: header.segment_id });
         }
         let recovered = match sealed_trailer(file.as_ref(), file_len)? {
-            Some(trailer) => open_sealed(
-                &*storage,
-                file.as_ref(),
-                &index_path,
-                header,
-                trailer,
-                &config,
-            )?,
+            Some(trailer) => {
+                open_sealed(&*storage, file.as_ref(), &index_path, header, trailer, &config)?
+            }
             None => recover_unsealed(file.as_ref(), file_len, header, &config)?,
         };
         let (core, report) = recovered;
-        Ok((
-            Segment::assemble(segment_id, storage, index_path, file, config, core),
-            report,
-        ))
+        Ok((Segment::assemble(segment_id, storage, index_path, file, config, core), report))
     }
 
     fn assemble(
@@ -237,11 +211,7 @@ impl Segment {
             if core.has_room(records.len() as u64, encoded_bytes) {
                 break;
             }
-            core = if core.flushing {
-                self.wait(core)
-            } else {
-                self.flush_locked(core)
-            };
+            core = if core.flushing { self.wait(core) } else { self.flush_locked(core) };
         }
         let ticket = core.stage(records, encoded_bytes);
         if core.batch_full() {
@@ -318,24 +288,14 @@ impl Segment {
                 break;
             }
         }
-        let info = SealInfo {
-            end_offset: core.durable_offset,
-            data_bytes: core.durable_bytes,
-        };
-        let trailer = SealTrailer {
-            record_count: info.end_offset,
-            data_bytes: info.data_bytes,
-        };
+        let info = SealInfo { end_offset: core.durable_offset, data_bytes: core.durable_bytes };
+        let trailer = SealTrailer { record_count: info.end_offset, data_bytes: info.data_bytes };
         // The lock is held across this write on purpose: nothing may stage behind a seal.
         let outcome = self
             .file
             .write_all_at(&[&trailer.encode()], info.data_bytes)
             .map_err(|error| PoisonCause::from_write(&error))
-            .and_then(|()| {
-                self.file
-                    .sync_data()
-                    .map_err(|error| PoisonCause::Sync(error.kind()))
-            });
+            .and_then(|()| self.file.sync_data().map_err(|error| PoisonCause::Sync(error.kind())));
         if let Err(cause) = outcome {
             core.poisoned.get_or_insert(cause);
             self.changed.notify_all();
@@ -377,23 +337,13 @@ impl Segment {
                 end: end_offset,
             });
         }
-        let mut batch = ReadBatch {
-            records: Vec::new(),
-            next_offset: from_offset,
-            end_offset,
-        };
+        let mut batch = ReadBatch { records: Vec::new(), next_offset: from_offset, end_offset };
         if from_offset == end_offset || records_max == 0 {
             return Ok(batch);
         }
-        let limits = ReadLimits {
-            from_offset,
-            records_max,
-            bytes_max,
-            data_end,
-        };
-        let hinted = hint
-            .map(|entry| entry.position)
-            .filter(|&position| position > SEGMENT_HEADER_BYTES);
+        let limits = ReadLimits { from_offset, records_max, bytes_max, data_end };
+        let hinted =
+            hint.map(|entry| entry.position).filter(|&position| position > SEGMENT_HEADER_BYTES);
         let first_try = hint.map_or(SEGMENT_HEADER_BYTES, |entry| entry.position);
         let outcome =
             match self.read_from(first_try, hint.map_or(start, |entry| entry.offset), &limits)? {
@@ -431,13 +381,7 @@ impl Segment {
                 return Ok(Err((position, FrameError::MisplacedSeal)));
             };
             if offset != expected {
-                return Ok(Err((
-                    position,
-                    FrameError::OffsetMismatch {
-                        expected,
-                        found: offset,
-                    },
-                )));
+                return Ok(Err((position, FrameError::OffsetMismatch { expected, found: offset })));
             }
             if offset >= limits.from_offset {
                 if !records.is_empty() && bytes + frame.frame_bytes > limits.bytes_max {
@@ -484,9 +428,7 @@ impl Segment {
             .write_all_at(&[&job.buffer], job.position)
             .map_err(|error| PoisonCause::from_write(&error))?;
         // Never retried: after a failed fdatasync the kernel may have dropped the pages.
-        self.file
-            .sync_data()
-            .map_err(|error| PoisonCause::Sync(error.kind()))
+        self.file.sync_data().map_err(|error| PoisonCause::Sync(error.kind()))
     }
 
     fn wait<'a>(&'a self, core: MutexGuard<'a, Core>) -> MutexGuard<'a, Core> {
@@ -514,7 +456,7 @@ pub fn verify_segment(
 ) -> Result<VerifyReport, OpenError> {
     let (data_path, _) = segment_paths(dir, segment_id);
     let file = storage.open(&data_path, OpenMode::Existing)?;
-    let file_len = file.len()?;
+    let file_len = file.size_bytes()?;
     let mut header_bytes = [0u8; SEGMENT_HEADER_BYTES as usize];
     let read = file.read_at(&mut header_bytes, 0)?;
     let header = SegmentHeader::decode(&header_bytes[..read])?;
@@ -569,13 +511,8 @@ fn open_sealed(
     config: &SegmentConfig,
 ) -> Result<(Core, RecoveryReport), OpenError> {
     let loaded = read_whole(storage, index_path).ok().and_then(|bytes| {
-        SparseIndex::decode(
-            &bytes,
-            header.base_offset,
-            trailer.record_count,
-            trailer.data_bytes,
-        )
-        .ok()
+        SparseIndex::decode(&bytes, header.base_offset, trailer.record_count, trailer.data_bytes)
+            .ok()
     });
     let index_rebuilt = loaded.is_none();
     let index = match loaded {
@@ -592,10 +529,7 @@ fn open_sealed(
             outcome.index
         }
     };
-    let seal = SealInfo {
-        end_offset: trailer.record_count,
-        data_bytes: trailer.data_bytes,
-    };
+    let seal = SealInfo { end_offset: trailer.record_count, data_bytes: trailer.data_bytes };
     let core = Core::new(
         header.base_offset,
         trailer.record_count,
@@ -659,7 +593,7 @@ fn recover_unsealed(
 
 fn read_whole(storage: &dyn Storage, path: &Path) -> io::Result<Vec<u8>> {
     let file = storage.open(path, OpenMode::Existing)?;
-    let mut bytes = vec![0u8; file.len()? as usize];
+    let mut bytes = vec![0u8; file.size_bytes()? as usize];
     let read = file.read_at(&mut bytes, 0)?;
     bytes.truncate(read);
     Ok(bytes)

@@ -25,13 +25,7 @@ pub(crate) struct FrameReader<'a> {
 
 impl<'a> FrameReader<'a> {
     pub(crate) fn new(file: &'a dyn StorageFile, end: u64, chunk_bytes: usize) -> FrameReader<'a> {
-        FrameReader {
-            file,
-            end,
-            chunk_bytes,
-            chunk: Bytes::new(),
-            chunk_start: 0,
-        }
+        FrameReader { file, end, chunk_bytes, chunk: Bytes::new(), chunk_start: 0 }
     }
 
     pub(crate) fn end(&self) -> u64 {
@@ -126,13 +120,7 @@ pub(crate) fn scan_frames(
                 position += frame.frame_bytes;
             }
             FrameKind::Record { offset } => {
-                stop = Some((
-                    position,
-                    FrameError::OffsetMismatch {
-                        expected,
-                        found: offset,
-                    },
-                ));
+                stop = Some((position, FrameError::OffsetMismatch { expected, found: offset }));
                 break;
             }
             FrameKind::Seal(trailer)
@@ -151,13 +139,7 @@ pub(crate) fn scan_frames(
             }
         }
     }
-    Ok(ScanOutcome {
-        end_offset: expected,
-        valid_bytes: position,
-        seal,
-        stop,
-        index,
-    })
+    Ok(ScanOutcome { end_offset: expected, valid_bytes: position, seal, stop, index })
 }
 
 /// One damaged frame found by [`crate::verify_segment`].
@@ -189,10 +171,7 @@ pub(crate) fn verify_frames(
                 match frame.kind {
                     FrameKind::Record { offset } => {
                         if let Some(expected) = expected.filter(|&expected| expected != offset) {
-                            let error = FrameError::OffsetMismatch {
-                                expected,
-                                found: offset,
-                            };
+                            let error = FrameError::OffsetMismatch { expected, found: offset };
                             bad.push(BadFrame { position, error });
                         }
                         records += 1;
@@ -202,10 +181,7 @@ pub(crate) fn verify_frames(
                         let last = position + frame.frame_bytes == file_len;
                         let count_ok = expected.is_none_or(|count| count == trailer.record_count);
                         if !last || trailer.data_bytes != position || !count_ok {
-                            bad.push(BadFrame {
-                                position,
-                                error: FrameError::MisplacedSeal,
-                            });
+                            bad.push(BadFrame { position, error: FrameError::MisplacedSeal });
                         }
                         seal = Some(trailer);
                     }

@@ -17,11 +17,7 @@ fn dir() -> PathBuf {
 
 fn small_config() -> SegmentConfig {
     // Tiny index interval and read chunk so short tests cross chunk and index boundaries.
-    SegmentConfig {
-        index_interval_bytes: 64,
-        read_chunk_bytes: 100,
-        ..SegmentConfig::default()
-    }
+    SegmentConfig { index_interval_bytes: 64, read_chunk_bytes: 100, ..SegmentConfig::default() }
 }
 
 fn records(count: usize, tag: &str) -> Vec<Record> {
@@ -47,10 +43,7 @@ fn read_all(segment: &Segment) -> Vec<StoredRecord> {
 fn storages() -> Vec<(Arc<dyn Storage>, PathBuf, Option<tempfile::TempDir>)> {
     let temp = tempfile::tempdir().unwrap();
     let real_dir = temp.path().join("range-0");
-    vec![
-        (Arc::new(SimStorage::new(1)), dir(), None),
-        (Arc::new(RealStorage), real_dir, Some(temp)),
-    ]
+    vec![(Arc::new(SimStorage::new(1)), dir(), None), (Arc::new(RealStorage), real_dir, Some(temp))]
 }
 
 #[test]
@@ -62,18 +55,12 @@ fn append_read_reopen_on_both_storages() {
         assert_eq!((first.first_offset, first.end_offset), (0, 5));
         assert_eq!((second.first_offset, second.end_offset), (5, 9));
         let expected: Vec<Record> = records(5, "a").into_iter().chain(records(4, "b")).collect();
-        let got: Vec<Record> = read_all(&segment)
-            .into_iter()
-            .map(|stored| stored.record)
-            .collect();
+        let got: Vec<Record> = read_all(&segment).into_iter().map(|stored| stored.record).collect();
         assert_eq!(got, expected);
         drop(segment);
         let (reopened, report) =
             Segment::open(Arc::clone(&storage), &dir, 3, small_config()).unwrap();
-        assert_eq!(
-            (report.records, report.bytes_truncated, report.stopped_at),
-            (9, 0, None)
-        );
+        assert_eq!((report.records, report.bytes_truncated, report.stopped_at), (9, 0, None));
         assert_eq!(reopened.append(&records(1, "c")).unwrap().first_offset, 9);
         assert_eq!(read_all(&reopened).len(), 10);
     }
@@ -96,11 +83,7 @@ fn reads_start_anywhere_and_respect_bounds() {
     let out_of_range = segment.read(51, 1, 1).unwrap_err();
     assert!(matches!(
         out_of_range,
-        ReadError::OffsetOutOfRange {
-            requested: 51,
-            start: 0,
-            end: 50
-        }
+        ReadError::OffsetOutOfRange { requested: 51, start: 0, end: 50 }
     ));
 }
 
@@ -111,27 +94,14 @@ fn seal_is_a_fence_that_survives_reopen() {
         segment.append(&records(6, "s")).unwrap();
         let seal = segment.seal().unwrap();
         assert_eq!(seal.end_offset, 6);
-        assert_eq!(
-            segment.seal().unwrap(),
-            seal,
-            "sealing twice reports the same end"
-        );
-        assert_eq!(
-            segment.append(&records(1, "x")),
-            Err(AppendError::Sealed { end_offset: 6 })
-        );
+        assert_eq!(segment.seal().unwrap(), seal, "sealing twice reports the same end");
+        assert_eq!(segment.append(&records(1, "x")), Err(AppendError::Sealed { end_offset: 6 }));
         drop(segment);
         let (reopened, report) =
             Segment::open(Arc::clone(&storage), &dir, 9, small_config()).unwrap();
-        assert!(
-            !report.index_rebuilt,
-            "a sealed segment's index sidecar is used"
-        );
+        assert!(!report.index_rebuilt, "a sealed segment's index sidecar is used");
         assert_eq!(reopened.status().sealed, Some(seal));
-        assert_eq!(
-            reopened.append(&records(1, "x")),
-            Err(AppendError::Sealed { end_offset: 6 })
-        );
+        assert_eq!(reopened.append(&records(1, "x")), Err(AppendError::Sealed { end_offset: 6 }));
         assert_eq!(read_all(&reopened).len(), 6);
     }
 }
@@ -140,19 +110,10 @@ fn seal_is_a_fence_that_survives_reopen() {
 fn sealing_an_empty_segment_works() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(3));
     let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
-    assert_eq!(
-        segment.seal().unwrap(),
-        SealInfo {
-            end_offset: 0,
-            data_bytes: 32
-        }
-    );
+    assert_eq!(segment.seal().unwrap(), SealInfo { end_offset: 0, data_bytes: 32 });
     drop(segment);
     let (reopened, _) = Segment::open(storage, &dir(), 1, small_config()).unwrap();
-    assert_eq!(
-        reopened.append(&records(1, "x")),
-        Err(AppendError::Sealed { end_offset: 0 })
-    );
+    assert_eq!(reopened.append(&records(1, "x")), Err(AppendError::Sealed { end_offset: 0 }));
 }
 
 #[test]
@@ -173,10 +134,7 @@ fn torn_tail_is_cut_and_reported() {
     assert!(
         matches!(report.stopped_at, Some((position, FrameError::Incomplete { .. })) if position == intact_bytes)
     );
-    assert_eq!(
-        reopened.append(&records(1, "next")).unwrap().first_offset,
-        3
-    );
+    assert_eq!(reopened.append(&records(1, "next")).unwrap().first_offset, 3);
 }
 
 #[test]
@@ -192,28 +150,20 @@ fn damaged_or_missing_index_never_changes_what_is_read() {
     // A well-formed index that points into the middle of a frame: the read must fall back.
     let index_bytes = sim.written_bytes(&index_path).unwrap();
     let entry_position_at = crate::index::INDEX_HEADER_BYTES + 16 + 8;
-    sim.flip_bit(&index_path, entry_position_at as u64, 0)
-        .unwrap();
+    sim.flip_bit(&index_path, entry_position_at as u64, 0).unwrap();
     let (reopened, report) =
         Segment::open(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     assert!(!report.index_rebuilt);
     assert_eq!(read_all(&reopened), expected);
     for from in 0..40 {
-        assert_eq!(
-            reopened.read(from, 1, u64::MAX).unwrap().records[0],
-            expected[from as usize]
-        );
+        assert_eq!(reopened.read(from, 1, u64::MAX).unwrap().records[0], expected[from as usize]);
     }
     drop(reopened);
     sim.delete(&index_path).unwrap();
     let (rebuilt, report) = Segment::open(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     assert!(report.index_rebuilt);
     assert_eq!(read_all(&rebuilt), expected);
-    assert_eq!(
-        sim.written_bytes(&index_path).unwrap(),
-        index_bytes,
-        "rebuilt index is identical"
-    );
+    assert_eq!(sim.written_bytes(&index_path).unwrap(), index_bytes, "rebuilt index is identical");
 }
 
 #[test]
@@ -238,18 +188,11 @@ fn verify_reports_every_bad_frame_and_changes_nothing() {
     let positions: Vec<u64> = report.bad_frames.iter().map(|bad| bad.position).collect();
     assert_eq!(positions, vec![frame_starts[2], frame_starts[7]]);
     assert!(
-        report
-            .bad_frames
-            .iter()
-            .all(|bad| matches!(bad.error, FrameError::CrcMismatch { .. }))
+        report.bad_frames.iter().all(|bad| matches!(bad.error, FrameError::CrcMismatch { .. }))
     );
     assert_eq!(report.records, 8);
     assert_eq!(report.sealed.map(|seal| seal.end_offset), Some(10));
-    assert_eq!(
-        sim.written_bytes(&path).unwrap(),
-        before,
-        "verify must not repair"
-    );
+    assert_eq!(sim.written_bytes(&path).unwrap(), before, "verify must not repair");
 }
 
 #[test]
@@ -260,38 +203,19 @@ fn failed_sync_poisons_until_reopen() {
     segment.append(&records(2, "ok")).unwrap();
     sim.fail_next_syncs(1);
     let cause = PoisonCause::Sync(std::io::ErrorKind::Other);
-    assert_eq!(
-        segment.append(&records(1, "lost")),
-        Err(AppendError::Poisoned { cause })
-    );
-    assert_eq!(
-        segment.durable_offset(),
-        2,
-        "a failed sync must not move the durable end"
-    );
+    assert_eq!(segment.append(&records(1, "lost")), Err(AppendError::Poisoned { cause }));
+    assert_eq!(segment.durable_offset(), 2, "a failed sync must not move the durable end");
     // The next call would find a healthy disk, but the segment must not retry the sync.
     let syncs = sim.sync_count();
-    assert_eq!(
-        segment.append(&records(1, "later")),
-        Err(AppendError::Poisoned { cause })
-    );
+    assert_eq!(segment.append(&records(1, "later")), Err(AppendError::Poisoned { cause }));
     assert_eq!(sim.sync_count(), syncs);
-    assert!(matches!(
-        segment.read(0, 1, 1),
-        Err(ReadError::Poisoned { .. })
-    ));
+    assert!(matches!(segment.read(0, 1, 1), Err(ReadError::Poisoned { .. })));
     assert!(matches!(segment.seal(), Err(SealError::Poisoned { .. })));
     drop(segment);
     sim.restart();
     let (reopened, report) = Segment::open(storage, &dir(), 1, small_config()).unwrap();
-    assert_eq!(
-        report.records, 2,
-        "the unsynced append is gone after a crash"
-    );
-    assert_eq!(
-        reopened.append(&records(1, "again")).unwrap().first_offset,
-        2
-    );
+    assert_eq!(report.records, 2, "the unsynced append is gone after a crash");
+    assert_eq!(reopened.append(&records(1, "again")).unwrap().first_offset, 2);
 }
 
 #[test]
@@ -299,17 +223,9 @@ fn full_disk_is_named_and_poisons() {
     let sim = SimStorage::new(8);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
     let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
-    sim.set_faults(SimFaults {
-        capacity_bytes: Some(200),
-        ..SimFaults::default()
-    });
+    sim.set_faults(SimFaults { capacity_bytes: Some(200), ..SimFaults::default() });
     let error = segment.append(&records(10, "big")).unwrap_err();
-    assert_eq!(
-        error,
-        AppendError::Poisoned {
-            cause: PoisonCause::NoSpace
-        }
-    );
+    assert_eq!(error, AppendError::Poisoned { cause: PoisonCause::NoSpace });
     assert_eq!(error.reason(), "disk_full");
 }
 
@@ -317,16 +233,11 @@ fn full_disk_is_named_and_poisons() {
 fn limits_refuse_before_writing() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(9));
     let config = SegmentConfig {
-        limits: Limits {
-            record_bytes_max: 10,
-            ..Limits::default()
-        },
+        limits: Limits { record_bytes_max: 10, ..Limits::default() },
         ..small_config()
     };
     let segment = Segment::create(storage, &dir(), 1, config).unwrap();
-    let error = segment
-        .append(&[Record::keyed("k", vec![0u8; 20], 0)])
-        .unwrap_err();
+    let error = segment.append(&[Record::keyed("k", vec![0u8; 20], 0)]).unwrap_err();
     assert_eq!(error.reason(), "record_too_large");
     assert_eq!(segment.status().durable_bytes, SEGMENT_HEADER_BYTES);
     assert_eq!(segment.append(&records(1, "ok")).unwrap().first_offset, 0);
@@ -337,10 +248,7 @@ fn concurrent_appenders_share_syncs_and_keep_their_order() {
     let sim = SimStorage::new(10);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
     let config = SegmentConfig {
-        group_commit: GroupCommitConfig {
-            linger_us: 2_000,
-            ..GroupCommitConfig::default()
-        },
+        group_commit: GroupCommitConfig { linger_us: 2_000, ..GroupCommitConfig::default() },
         ..small_config()
     };
     let segment = Arc::new(Segment::create(storage, &dir(), 1, config).unwrap());
@@ -362,10 +270,7 @@ fn concurrent_appenders_share_syncs_and_keep_their_order() {
         handle.join().unwrap();
     }
     let syncs = sim.sync_count() - syncs_before;
-    assert!(
-        syncs < threads * appends_per_thread,
-        "{syncs} syncs: no group commit happened"
-    );
+    assert!(syncs < threads * appends_per_thread, "{syncs} syncs: no group commit happened");
     let all = read_all(&segment);
     assert_eq!(all.len() as u64, threads * appends_per_thread);
     for thread in 0..threads {
@@ -373,18 +278,9 @@ fn concurrent_appenders_share_syncs_and_keep_their_order() {
         let values: Vec<u64> = all
             .iter()
             .filter(|stored| stored.record.key.as_ref() == Some(&key))
-            .map(|stored| {
-                std::str::from_utf8(&stored.record.value)
-                    .unwrap()
-                    .parse()
-                    .unwrap()
-            })
+            .map(|stored| std::str::from_utf8(&stored.record.value).unwrap().parse().unwrap())
             .collect();
-        assert_eq!(
-            values,
-            (0..appends_per_thread).collect::<Vec<_>>(),
-            "thread {thread} order"
-        );
+        assert_eq!(values, (0..appends_per_thread).collect::<Vec<_>>(), "thread {thread} order");
     }
 }
 

@@ -40,7 +40,7 @@ pub trait Storage: Send + Sync + fmt::Debug {
 
 /// One open file. Positioned calls only, so one handle serves concurrent readers and a writer.
 pub trait StorageFile: Send + Sync + fmt::Debug {
-    fn len(&self) -> io::Result<u64>;
+    fn size_bytes(&self) -> io::Result<u64>;
     /// Fills `buf` from `position`; returns fewer bytes only at the end of the file.
     fn read_at(&self, buf: &mut [u8], position: u64) -> io::Result<usize>;
     /// Writes all of `bufs`, in order, starting at `position`.

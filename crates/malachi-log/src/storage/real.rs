@@ -37,9 +37,7 @@ impl Storage for RealStorage {
                 options.create(true).truncate(true);
             }
         }
-        Ok(Box::new(RealFile {
-            file: options.open(path)?,
-        }))
+        Ok(Box::new(RealFile { file: options.open(path)? }))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -68,17 +66,14 @@ impl Storage for RealStorage {
 }
 
 impl StorageFile for RealFile {
-    fn len(&self) -> io::Result<u64> {
+    fn size_bytes(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
 
     fn read_at(&self, buf: &mut [u8], position: u64) -> io::Result<usize> {
         let mut filled = 0;
         while filled < buf.len() {
-            match self
-                .file
-                .read_at(&mut buf[filled..], position + filled as u64)
-            {
+            match self.file.read_at(&mut buf[filled..], position + filled as u64) {
                 Ok(0) => break,
                 Ok(read) => filled += read,
                 Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
@@ -95,19 +90,11 @@ impl StorageFile for RealFile {
             let count = bufs.len().min(IOVECS_PER_CALL_MAX);
             let iovecs: Vec<libc::iovec> = bufs[..count]
                 .iter()
-                .map(|buf| libc::iovec {
-                    iov_base: buf.as_ptr() as *mut _,
-                    iov_len: buf.len(),
-                })
+                .map(|buf| libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() })
                 .collect();
             // SAFETY: the iovecs point into live slices borrowed for the duration of the call.
             let written = unsafe {
-                libc::pwritev(
-                    self.file.as_raw_fd(),
-                    iovecs.as_ptr(),
-                    count as i32,
-                    position as i64,
-                )
+                libc::pwritev(self.file.as_raw_fd(), iovecs.as_ptr(), count as i32, position as i64)
             };
             if written < 0 {
                 let error = io::Error::last_os_error();
@@ -117,10 +104,7 @@ impl StorageFile for RealFile {
                 return Err(error);
             }
             if written == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::WriteZero,
-                    "pwritev wrote nothing",
-                ));
+                return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
             }
             position += written as u64;
             consume(&mut bufs, written as usize);
@@ -156,7 +140,8 @@ mod tests {
 
     #[test]
     fn consume_handles_partial_writes() {
-        let cases: &[(&[&[u8]], usize, &[&[u8]])] = &[
+        type Case<'a> = (&'a [&'a [u8]], usize, &'a [&'a [u8]]);
+        let cases: &[Case] = &[
             (&[b"abc", b"de"], 0, &[b"abc", b"de"]),
             (&[b"abc", b"de"], 2, &[b"c", b"de"]),
             (&[b"abc", b"de"], 3, &[b"de"]),

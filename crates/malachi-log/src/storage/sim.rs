@@ -164,11 +164,7 @@ impl SimStorage {
     pub fn delete(&self, path: &Path) -> io::Result<()> {
         let mut state = self.lock();
         state.unsynced_removals.remove(path);
-        state
-            .files
-            .remove(path)
-            .map(|_| ())
-            .ok_or_else(|| not_found(path))
+        state.files.remove(path).map(|_| ()).ok_or_else(|| not_found(path))
     }
 
     /// The bytes reads would see now.
@@ -237,10 +233,7 @@ impl SimState {
             let last = index + 1 == kept;
             match op {
                 PendingOp::SetLen(len) => content.resize(len as usize, 0),
-                PendingOp::Write {
-                    position,
-                    mut bytes,
-                } => {
+                PendingOp::Write { position, mut bytes } => {
                     if last && self.faults.crash_tears_last_write {
                         let torn = self.rng.below(bytes.len() as u64 + 1) as usize;
                         bytes.truncate(torn);
@@ -254,10 +247,7 @@ impl SimState {
     }
 
     fn used_bytes(&self) -> u64 {
-        self.files
-            .values()
-            .map(|file| file.written.len() as u64)
-            .sum()
+        self.files.values().map(|file| file.written.len() as u64).sum()
     }
 
     fn file(&mut self, handle: &SimFileHandle) -> io::Result<&mut SimFile> {
@@ -349,12 +339,7 @@ impl Storage for SimStorage {
         if !state.dirs.contains(dir) {
             return Err(not_found(dir));
         }
-        Ok(state
-            .files
-            .keys()
-            .filter(|path| path.parent() == Some(dir))
-            .cloned()
-            .collect())
+        Ok(state.files.keys().filter(|path| path.parent() == Some(dir)).cloned().collect())
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -365,15 +350,13 @@ impl Storage for SimStorage {
                 file.entry_durable = true;
             }
         }
-        state
-            .unsynced_removals
-            .retain(|path, _| path.parent() != Some(dir));
+        state.unsynced_removals.retain(|path, _| path.parent() != Some(dir));
         Ok(())
     }
 }
 
 impl StorageFile for SimFileHandle {
-    fn len(&self) -> io::Result<u64> {
+    fn size_bytes(&self) -> io::Result<u64> {
         let mut state = self.state.lock().expect("sim storage lock poisoned");
         state.check_up()?;
         Ok(state.file(self)?.written.len() as u64)
@@ -398,10 +381,7 @@ impl StorageFile for SimFileHandle {
         if let Some(capacity) = state.faults.capacity_bytes
             && state.used_bytes() + growth > capacity
         {
-            return Err(io::Error::new(
-                io::ErrorKind::StorageFull,
-                "simulated ENOSPC",
-            ));
+            return Err(io::Error::new(io::ErrorKind::StorageFull, "simulated ENOSPC"));
         }
         let per_mille = state.faults.write_failure_per_mille;
         if per_mille > 0 && state.rng.chance(per_mille, 1000) {
@@ -469,10 +449,7 @@ fn crashed() -> io::Error {
 }
 
 fn not_found(path: &Path) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::NotFound,
-        format!("{} not found", path.display()),
-    )
+    io::Error::new(io::ErrorKind::NotFound, format!("{} not found", path.display()))
 }
 
 #[cfg(test)]

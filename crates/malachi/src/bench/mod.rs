@@ -1,0 +1,18 @@
+//! `malachi bench`: benchmarks that print their figures next to a baseline from the same run.
+
+mod histogram;
+mod storage;
+
+use clap::Subcommand;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// The segment store against raw `pwrite` + `fdatasync` on the same disk.
+    Storage(storage::StorageArgs),
+}
+
+pub fn run(command: BenchCommand) -> Result<(), String> {
+    match command {
+        BenchCommand::Storage(args) => storage::run(&args),
+    }
+}
