@@ -136,8 +136,8 @@ fn measure_size(args: &StorageArgs, size: u32) -> std::io::Result<Figures> {
     let raw_mb_per_s = raw_rounds[raw_rounds.len() / 2];
 
     let light_segment = create_segment(&storage, &dir.join("light"))?;
-    let mut light = light_appends(&light_segment, size, args.light_iterations);
-    let mut raw_light = raw_light_writes(&dir.join("raw-light.dat"), size, args.light_iterations)?;
+    let (mut light, mut raw_light) =
+        light_appends(&light_segment, &dir.join("raw-light.dat"), size, args.light_iterations)?;
     fs::remove_dir_all(&dir)?;
 
     let light_p99_us = light.percentile_us(0.99);
@@ -275,29 +275,30 @@ fn raw_writes(path: &Path, buffer_bytes: u64, duration: Duration) -> std::io::Re
     Ok(mb_per_s)
 }
 
-fn light_appends(segment: &Segment, size: u32, iterations: u32) -> Latencies {
+/// Light load: one record at a time, alternating a store append and a raw `pwrite` +
+/// `fdatasync` of the same size, so both see the same background disk activity.
+fn light_appends(
+    segment: &Segment,
+    raw_path: &Path,
+    size: u32,
+    iterations: u32,
+) -> std::io::Result<(Latencies, Latencies)> {
     let record = [sample_record(size, 1)];
-    let mut latencies = Latencies::default();
-    for _ in 0..iterations {
-        let begun = Instant::now();
-        segment.append(&record).expect("benchmark append failed");
-        latencies.record_us(begun.elapsed().as_micros() as u64);
-    }
-    latencies
-}
-
-fn raw_light_writes(path: &Path, size: u32, iterations: u32) -> std::io::Result<Latencies> {
-    let file = OpenOptions::new().create_new(true).write(true).open(path)?;
-    let buffer = vec![7u8; size as usize];
-    let mut latencies = Latencies::default();
+    let raw_file = OpenOptions::new().create_new(true).write(true).open(raw_path)?;
+    let raw_buffer = vec![7u8; size as usize];
+    let mut ours = Latencies::default();
+    let mut raw = Latencies::default();
     for iteration in 0..u64::from(iterations) {
         let begun = Instant::now();
-        file.write_all_at(&buffer, iteration * u64::from(size))?;
-        file.sync_data()?;
-        latencies.record_us(begun.elapsed().as_micros() as u64);
+        segment.append(&record).map_err(std::io::Error::other)?;
+        ours.record_us(begun.elapsed().as_micros() as u64);
+        let begun = Instant::now();
+        raw_file.write_all_at(&raw_buffer, iteration * u64::from(size))?;
+        raw_file.sync_data()?;
+        raw.record_us(begun.elapsed().as_micros() as u64);
     }
-    fs::remove_file(path)?;
-    Ok(latencies)
+    fs::remove_file(raw_path)?;
+    Ok((ours, raw))
 }
 
 fn print_header(args: &StorageArgs) {
