@@ -1,0 +1,5 @@
+//! The log API on one node: topics, ranges, produce, fetch with cursors, consumer groups,
+//! split and merge, retention.
+
+pub mod cursor;
+pub mod load;
