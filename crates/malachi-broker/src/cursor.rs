@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 pub const CURSOR_VERSION: u8 = 1;
@@ -98,7 +98,8 @@ impl CursorKey {
 
     pub fn encode(&self, cursor: &Cursor) -> String {
         assert!(cursor.positions.len() <= CURSOR_ENTRIES_MAX, "cursor over its entry limit");
-        let mut bytes = Vec::with_capacity(HEADER_BYTES + cursor.positions.len() * ENTRY_BYTES + TAG_BYTES);
+        let mut bytes =
+            Vec::with_capacity(HEADER_BYTES + cursor.positions.len() * ENTRY_BYTES + TAG_BYTES);
         bytes.push(CURSOR_VERSION);
         bytes.extend_from_slice(&cursor.topic_id.to_be_bytes());
         bytes.extend_from_slice(&(cursor.positions.len() as u16).to_be_bytes());
@@ -152,20 +153,23 @@ impl CursorKey {
                 return Err(CursorError::Unsorted);
             }
             previous = Some(range_id);
-            let position = if offset == DRAINED { RangePosition::Drained } else { RangePosition::At(offset) };
+            let position =
+                if offset == DRAINED { RangePosition::Drained } else { RangePosition::At(offset) };
             positions.insert(range_id, position);
         }
         Ok(Cursor { topic_id, positions })
     }
 
     fn tag(&self, body: &[u8]) -> [u8; 32] {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
         mac.update(body);
         mac.finalize().into_bytes().into()
     }
 
     fn verify(&self, body: &[u8], tag: &[u8]) -> Result<(), CursorError> {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
         mac.update(body);
         // Constant-time comparison of the truncated tag.
         mac.verify_truncated_left(tag).map_err(|_| CursorError::BadTag)
@@ -182,10 +186,8 @@ mod tests {
     }
 
     fn arb_cursor() -> impl Strategy<Value = Cursor> {
-        let position = prop_oneof![
-            (0..u64::MAX).prop_map(RangePosition::At),
-            Just(RangePosition::Drained),
-        ];
+        let position =
+            prop_oneof![(0..u64::MAX).prop_map(RangePosition::At), Just(RangePosition::Drained),];
         (any::<u64>(), proptest::collection::btree_map(any::<u32>(), position, 0..20))
             .prop_map(|(topic_id, positions)| Cursor { topic_id, positions })
     }
@@ -217,7 +219,12 @@ mod tests {
             (b"g3QAAAAA".to_vec(), 3, CursorError::BadLength),
         ];
         for (input, topic, expected) in cases {
-            assert_eq!(key().decode(&input, topic), Err(expected), "{:?}", String::from_utf8_lossy(&input));
+            assert_eq!(
+                key().decode(&input, topic),
+                Err(expected),
+                "{:?}",
+                String::from_utf8_lossy(&input)
+            );
         }
     }
 

@@ -1,5 +1,7 @@
 //! The log API on one node: topics, ranges, produce, fetch with cursors, consumer groups,
 //! split and merge, retention.
 
+pub mod auth;
+pub mod config;
 pub mod cursor;
 pub mod load;

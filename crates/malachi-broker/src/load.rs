@@ -135,15 +135,19 @@ pub fn plan_reshape(
     if !config.enabled || now_ms < last_reshape_ms.saturating_add(config.cooldown_ms) {
         return None;
     }
-    let mature = |range: &ActiveRange| now_ms >= range.created_ms.saturating_add(config.cooldown_ms);
+    let mature =
+        |range: &ActiveRange| now_ms >= range.created_ms.saturating_add(config.cooldown_ms);
     let hot = |rate: Rate| {
-        rate.records_per_s > config.split_records_per_s || rate.bytes_per_s > config.split_bytes_per_s
+        rate.records_per_s > config.split_records_per_s
+            || rate.bytes_per_s > config.split_bytes_per_s
     };
     if (ranges.len() as u32) < config.ranges_per_topic_max {
         let hottest = ranges
             .iter()
             .filter(|range| mature(range) && range.width() > 1 && hot(rate_of(range.range_id)))
-            .max_by_key(|range| (rate_of(range.range_id).bytes_per_s, std::cmp::Reverse(range.range_id)));
+            .max_by_key(|range| {
+                (rate_of(range.range_id).bytes_per_s, std::cmp::Reverse(range.range_id))
+            });
         if let Some(range) = hottest {
             return Some(Reshape::Split { range_id: range.range_id });
         }
@@ -225,7 +229,8 @@ mod tests {
 
     #[test]
     fn plans_split_merge_or_nothing() {
-        let config = LoadConfig { cooldown_ms: 100, ranges_per_topic_max: 4, ..LoadConfig::default() };
+        let config =
+            LoadConfig { cooldown_ms: 100, ranges_per_topic_max: 4, ..LoadConfig::default() };
         let hot = Rate { records_per_s: 60_000, bytes_per_s: 0 };
         let cold = Rate { records_per_s: 10, bytes_per_s: 10 };
         let warm = Rate { records_per_s: 10_000, bytes_per_s: 0 };
@@ -236,11 +241,16 @@ mod tests {
             (&one, hot, 950, 1_000, None), // cooling down after the last reshape
             (&one, hot, 0, 50, None),      // range too young to judge
             (&two, cold, 0, 1_000, Some(Reshape::Merge { left: 1, right: 2 })),
-            (&two, warm, 0, 1_000, None),  // between the thresholds: hysteresis
+            (&two, warm, 0, 1_000, None), // between the thresholds: hysteresis
         ];
         for (ranges, rate, last, now, expected) in cases {
             let got = plan_reshape(ranges, |_| rate, last, now, &config);
-            assert_eq!(got, expected, "ranges {} rate {rate:?} last {last} now {now}", ranges.len());
+            assert_eq!(
+                got,
+                expected,
+                "ranges {} rate {rate:?} last {last} now {now}",
+                ranges.len()
+            );
         }
         let full = LoadConfig { ranges_per_topic_max: 2, ..config };
         assert_eq!(plan_reshape(&two, |_| hot, 0, 1_000, &full), None, "at the range limit");

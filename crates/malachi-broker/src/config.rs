@@ -1,0 +1,271 @@
+//! Broker settings: the original system's `MALACHI_*` names and defaults, resolved as
+//! flag > environment > TOML file > default. A malformed value stops the broker at boot with a
+//! message naming the variable. `docs/configuration.md` lists every setting.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::load::LoadConfig;
+
+/// Every setting the broker reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerConfig {
+    pub bind_address: String,
+    pub tcp_port: u16,
+    pub max_frame_bytes: u32,
+    pub auth_timeout_ms: u64,
+    pub tcp_recv_timeout_ms: u64,
+    pub tcp_send_timeout_ms: u64,
+    pub shutdown_grace_ms: u64,
+    pub connection_limit_enabled: bool,
+    pub max_conn_per_ip: u32,
+    pub max_total_conn: u32,
+    pub data_dir: PathBuf,
+    pub segment_max_bytes: u64,
+    pub segment_max_age_ms: u64,
+    pub group_commit_linger_us: u64,
+    pub group_commit_max_records: u32,
+    pub group_commit_max_bytes: u64,
+    pub retention_max_age_ms: Option<u64>,
+    pub retention_max_bytes: Option<u64>,
+    pub retention_interval_ms: u64,
+    pub retention_unresolved_policy_max_age_ms: Option<u64>,
+    pub admin_pass: Option<String>,
+    pub default_users: Option<String>,
+    pub disable_default_users: bool,
+    pub min_password_len: u32,
+    pub acl_strict: bool,
+    pub rate_limit_enabled: bool,
+    pub auth_rate_limit: u32,
+    pub auth_rate_window_ms: u64,
+    pub max_auth_attempts: u32,
+    pub lockout_duration_ms: u64,
+    pub progressive_lockout: bool,
+    pub load: LoadConfig,
+}
+
+/// The floor the original puts under the segment age threshold.
+pub const SEGMENT_MAX_AGE_MS_MIN: u64 = 60_000;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name}: invalid value {value:?}: {expected}")]
+    Invalid { name: String, value: String, expected: &'static str },
+    #[error("{name}: {problem}")]
+    OutOfRange { name: String, problem: String },
+}
+
+/// Where values come from, in precedence order.
+pub struct Sources<'a> {
+    /// Command-line flags, by setting name without the prefix (`TCP_PORT`).
+    pub flags: &'a BTreeMap<String, String>,
+    /// The environment (a function, so tests need not touch the process environment).
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// The optional TOML file's keys, by setting name in lower case (`tcp_port`).
+    pub file: &'a BTreeMap<String, String>,
+}
+
+impl Sources<'_> {
+    fn raw(&self, name: &str) -> Option<(String, String)> {
+        let variable = format!("MALACHI_{name}");
+        if let Some(value) = self.flags.get(name) {
+            return Some((variable, value.clone()));
+        }
+        if let Some(value) = (self.env)(&variable) {
+            return Some((variable, value));
+        }
+        self.file.get(&name.to_ascii_lowercase()).map(|value| (variable, value.clone()))
+    }
+
+    fn optional<T: FromStr>(
+        &self,
+        name: &str,
+        expected: &'static str,
+    ) -> Result<Option<T>, ConfigError> {
+        match self.raw(name) {
+            None => Ok(None),
+            Some((_, value)) if value.trim().is_empty() => Ok(None),
+            Some((variable, value)) => value
+                .trim()
+                .parse()
+                .map(Some)
+                .map_err(|_| ConfigError::Invalid { name: variable, value, expected }),
+        }
+    }
+
+    fn number<T: FromStr>(&self, name: &str, default: T) -> Result<T, ConfigError> {
+        Ok(self.optional(name, "a non-negative whole number")?.unwrap_or(default))
+    }
+
+    fn flag(&self, name: &str, default: bool) -> Result<bool, ConfigError> {
+        match self.raw(name) {
+            None => Ok(default),
+            Some((variable, value)) => match value.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => Ok(true),
+                "false" | "0" | "no" | "off" => Ok(false),
+                _ => Err(ConfigError::Invalid { name: variable, value, expected: "true or false" }),
+            },
+        }
+    }
+
+    fn text(&self, name: &str) -> Option<String> {
+        self.raw(name).map(|(_, value)| value).filter(|value| !value.is_empty())
+    }
+}
+
+impl BrokerConfig {
+    pub fn load(sources: &Sources<'_>) -> Result<BrokerConfig, ConfigError> {
+        let config = BrokerConfig {
+            bind_address: sources.text("BIND_ADDRESS").unwrap_or_else(|| "127.0.0.1".into()),
+            tcp_port: sources.number("TCP_PORT", 4040)?,
+            max_frame_bytes: sources.number("MAX_FRAME_SIZE", 16 * 1024 * 1024)?,
+            auth_timeout_ms: sources.number("AUTH_TIMEOUT_MS", 10_000)?,
+            tcp_recv_timeout_ms: sources.number("TCP_RECV_TIMEOUT", 30_000)?,
+            tcp_send_timeout_ms: sources.number("TCP_SEND_TIMEOUT", 30_000)?,
+            shutdown_grace_ms: sources.number("SHUTDOWN_GRACE_MS", 5_000)?,
+            connection_limit_enabled: sources.flag("CONNECTION_LIMIT_ENABLED", true)?,
+            max_conn_per_ip: sources.number("MAX_CONN_PER_IP", 100)?,
+            max_total_conn: sources.number("MAX_TOTAL_CONN", 10_000)?,
+            data_dir: sources.text("LOG_DATA_DIR").unwrap_or_else(|| "malachi-data".into()).into(),
+            segment_max_bytes: sources.number("SEGMENT_MAX_BYTES", 64 * 1024 * 1024)?,
+            segment_max_age_ms: sources.number("SEGMENT_MAX_AGE_MS", 604_800_000)?,
+            group_commit_linger_us: sources.number::<u64>("GROUP_COMMIT_INTERVAL_MS", 0)? * 1000,
+            group_commit_max_records: sources.number("GROUP_COMMIT_FLUSH_MAX_RECORDS", 20_000)?,
+            group_commit_max_bytes: sources
+                .number("GROUP_COMMIT_FLUSH_MAX_BYTES", 8 * 1024 * 1024)?,
+            retention_max_age_ms: sources.optional("RETENTION_MAX_AGE_MS", "milliseconds")?,
+            retention_max_bytes: sources.optional("RETENTION_MAX_BYTES", "bytes")?,
+            retention_interval_ms: sources.number("RETENTION_INTERVAL_MS", 60_000)?,
+            retention_unresolved_policy_max_age_ms: sources
+                .optional("RETENTION_UNRESOLVED_POLICY_MAX_AGE_MS", "milliseconds")?,
+            admin_pass: sources.text("ADMIN_PASS"),
+            default_users: sources.text("DEFAULT_USERS"),
+            disable_default_users: sources.flag("DISABLE_DEFAULT_USERS", false)?,
+            min_password_len: sources.number("MIN_PASSWORD_LEN", 12)?,
+            acl_strict: sources.flag("ACL_STRICT", false)?,
+            rate_limit_enabled: sources.flag("RATE_LIMIT_ENABLED", true)?,
+            auth_rate_limit: sources.number("AUTH_RATE_LIMIT", 10)?,
+            auth_rate_window_ms: sources.number("AUTH_RATE_WINDOW_MS", 60_000)?,
+            max_auth_attempts: sources.number("MAX_AUTH_ATTEMPTS", 5)?,
+            lockout_duration_ms: sources.number("LOCKOUT_DURATION_MS", 300_000)?,
+            progressive_lockout: sources.flag("PROGRESSIVE_LOCKOUT", true)?,
+            load: load_config(sources)?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let checks: [(&str, bool, String); 5] = [
+            (
+                "MALACHI_SEGMENT_MAX_AGE_MS",
+                self.segment_max_age_ms >= SEGMENT_MAX_AGE_MS_MIN,
+                format!("must be at least {SEGMENT_MAX_AGE_MS_MIN}"),
+            ),
+            (
+                "MALACHI_MAX_FRAME_SIZE",
+                self.max_frame_bytes >= 1024,
+                "must be at least 1024".into(),
+            ),
+            (
+                "MALACHI_SEGMENT_MAX_BYTES",
+                self.segment_max_bytes >= 4096,
+                "must be at least 4096".into(),
+            ),
+            (
+                "MALACHI_ADMIN_PASS",
+                self.admin_pass.as_ref().is_none_or(|pass| pass.chars().count() >= 12),
+                "must be at least 12 characters".into(),
+            ),
+            (
+                "MALACHI_GROUP_COMMIT_FLUSH_MAX_RECORDS",
+                self.group_commit_max_records >= 1,
+                "must be at least 1".into(),
+            ),
+        ];
+        for (name, ok, problem) in checks {
+            if !ok {
+                return Err(ConfigError::OutOfRange { name: name.into(), problem });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn load_config(sources: &Sources<'_>) -> Result<LoadConfig, ConfigError> {
+    let defaults = LoadConfig::default();
+    Ok(LoadConfig {
+        enabled: sources.flag("AUTO_SPLIT_ENABLED", defaults.enabled)?,
+        window_ms: sources.number("AUTO_SPLIT_WINDOW_MS", defaults.window_ms)?,
+        split_records_per_s: sources.number("SPLIT_RECORDS_PER_S", defaults.split_records_per_s)?,
+        split_bytes_per_s: sources.number("SPLIT_BYTES_PER_S", defaults.split_bytes_per_s)?,
+        merge_records_per_s: sources.number("MERGE_RECORDS_PER_S", defaults.merge_records_per_s)?,
+        merge_bytes_per_s: sources.number("MERGE_BYTES_PER_S", defaults.merge_bytes_per_s)?,
+        cooldown_ms: sources.number("RESHAPE_COOLDOWN_MS", defaults.cooldown_ms)?,
+        ranges_per_topic_max: sources
+            .number("MAX_RANGES_PER_TOPIC", defaults.ranges_per_topic_max)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(
+        flags: &[(&str, &str)],
+        env: &[(&str, &str)],
+        file: &[(&str, &str)],
+    ) -> Result<BrokerConfig, ConfigError> {
+        let flags: BTreeMap<String, String> =
+            flags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let file: BTreeMap<String, String> =
+            file.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env: BTreeMap<String, String> =
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let lookup = move |name: &str| env.get(name).cloned();
+        BrokerConfig::load(&Sources { flags: &flags, env: &lookup, file: &file })
+    }
+
+    #[test]
+    fn defaults_are_the_originals() {
+        let config = load(&[], &[], &[]).unwrap();
+        assert_eq!(config.tcp_port, 4040);
+        assert_eq!(config.max_frame_bytes, 16_777_216);
+        assert_eq!((config.max_conn_per_ip, config.max_total_conn), (100, 10_000));
+        assert_eq!(config.segment_max_bytes, 67_108_864);
+        assert_eq!((config.auth_rate_limit, config.auth_rate_window_ms), (10, 60_000));
+        assert_eq!(config.retention_max_age_ms, None);
+    }
+
+    #[test]
+    fn precedence_is_flag_env_file_default() {
+        let port = |flags: &[(&str, &str)], env: &[(&str, &str)], file: &[(&str, &str)]| {
+            load(flags, env, file).unwrap().tcp_port
+        };
+        assert_eq!(
+            port(&[("TCP_PORT", "1")], &[("MALACHI_TCP_PORT", "2")], &[("tcp_port", "3")]),
+            1
+        );
+        assert_eq!(port(&[], &[("MALACHI_TCP_PORT", "2")], &[("tcp_port", "3")]), 2);
+        assert_eq!(port(&[], &[], &[("tcp_port", "3")]), 3);
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        let cases = [
+            (("MALACHI_TCP_PORT", "http"), "MALACHI_TCP_PORT: invalid value \"http\""),
+            (("MALACHI_ACL_STRICT", "maybe"), "MALACHI_ACL_STRICT: invalid value \"maybe\""),
+            (
+                ("MALACHI_SEGMENT_MAX_AGE_MS", "1000"),
+                "MALACHI_SEGMENT_MAX_AGE_MS: must be at least 60000",
+            ),
+            (("MALACHI_ADMIN_PASS", "short"), "MALACHI_ADMIN_PASS: must be at least 12 characters"),
+            (("MALACHI_TCP_PORT", "70000"), "MALACHI_TCP_PORT: invalid value \"70000\""),
+        ];
+        for ((name, value), expected) in cases {
+            let message = load(&[], &[(name, value)], &[]).unwrap_err().to_string();
+            assert!(message.starts_with(expected), "{name}={value}: {message}");
+        }
+    }
+}
