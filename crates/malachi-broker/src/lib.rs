@@ -4,4 +4,9 @@
 pub mod auth;
 pub mod config;
 pub mod cursor;
+pub mod data;
+pub mod frontier;
 pub mod load;
+pub mod notify;
+#[cfg(test)]
+mod testkit;

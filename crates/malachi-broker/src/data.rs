@@ -1,0 +1,170 @@
+//! This node's segment files: where they live, which are open, and the blocking calls into
+//! `malachi-log` made off the async threads.
+//!
+//! Layout under the data directory: `topics/<topic_id>/<range_id>/<segment_id>.seg` (+ `.idx`).
+//! Segments are opened lazily and kept open; opening an unsealed one runs recovery. The data plane
+//! decides nothing: metadata says which segment is active, when to seal, what to delete.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use malachi_log::{
+    AppendError, AppendTicket, OpenError, ReadBatch, ReadError, Record, RecoveryReport, SealError,
+    SealInfo, Segment, SegmentConfig, Storage, segment_paths,
+};
+
+/// Names one segment on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SegmentKey {
+    pub topic_id: u64,
+    pub range_id: u32,
+    pub segment_id: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    #[error("opening segment {key:?}: {source}")]
+    Open { key: SegmentKey, source: OpenError },
+    #[error("segment {0:?} has no file on this node")]
+    Missing(SegmentKey),
+    #[error("storage: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Segment files of one node.
+#[derive(Debug)]
+pub struct DataPlane {
+    storage: Arc<dyn Storage>,
+    root: PathBuf,
+    config: SegmentConfig,
+    open: Mutex<BTreeMap<SegmentKey, Arc<Segment>>>,
+    /// Recovery reports of segments opened since start, for operators and tests.
+    recoveries: Mutex<Vec<(SegmentKey, RecoveryReport)>>,
+}
+
+impl DataPlane {
+    pub fn new(storage: Arc<dyn Storage>, data_dir: &Path, config: SegmentConfig) -> DataPlane {
+        DataPlane {
+            storage,
+            root: data_dir.join("topics"),
+            config,
+            open: Mutex::new(BTreeMap::new()),
+            recoveries: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn config(&self) -> &SegmentConfig {
+        &self.config
+    }
+
+    fn range_dir(&self, topic_id: u64, range_id: u32) -> PathBuf {
+        self.root.join(topic_id.to_string()).join(range_id.to_string())
+    }
+
+    /// Creates the file of a segment metadata has just created (idempotent: an existing file,
+    /// say from a create that crashed before metadata heard of it, is opened instead).
+    pub fn create(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
+        let mut open = self.open.lock().expect("data plane lock poisoned");
+        if let Some(segment) = open.get(&key) {
+            return Ok(Arc::clone(segment));
+        }
+        let dir = self.range_dir(key.topic_id, key.range_id);
+        let (data_path, _) = segment_paths(&dir, key.segment_id);
+        let segment = if self.storage.exists(&data_path)? {
+            self.open_existing(key, &dir)?
+        } else {
+            Segment::create(Arc::clone(&self.storage), &dir, key.segment_id, self.config)
+                .map_err(|source| DataError::Open { key, source })?
+        };
+        let segment = Arc::new(segment);
+        open.insert(key, Arc::clone(&segment));
+        Ok(segment)
+    }
+
+    /// The open segment, opening (and recovering) its file on first use.
+    pub fn get(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
+        let mut open = self.open.lock().expect("data plane lock poisoned");
+        if let Some(segment) = open.get(&key) {
+            return Ok(Arc::clone(segment));
+        }
+        let dir = self.range_dir(key.topic_id, key.range_id);
+        let (data_path, _) = segment_paths(&dir, key.segment_id);
+        if !self.storage.exists(&data_path)? {
+            return Err(DataError::Missing(key));
+        }
+        let segment = Arc::new(self.open_existing(key, &dir)?);
+        open.insert(key, Arc::clone(&segment));
+        Ok(segment)
+    }
+
+    fn open_existing(&self, key: SegmentKey, dir: &Path) -> Result<Segment, DataError> {
+        let (segment, report) =
+            Segment::open(Arc::clone(&self.storage), dir, key.segment_id, self.config)
+                .map_err(|source| DataError::Open { key, source })?;
+        self.recoveries.lock().expect("data plane lock poisoned").push((key, report));
+        Ok(segment)
+    }
+
+    /// Forgets an open segment (after it poisoned), so the next use reopens and recovers it.
+    pub fn evict(&self, key: SegmentKey) {
+        self.open.lock().expect("data plane lock poisoned").remove(&key);
+    }
+
+    pub fn recoveries(&self) -> Vec<(SegmentKey, RecoveryReport)> {
+        self.recoveries.lock().expect("data plane lock poisoned").clone()
+    }
+
+    /// Deletes a segment's files; a file already gone is not an error.
+    pub fn remove(&self, key: SegmentKey) -> Result<(), DataError> {
+        self.open.lock().expect("data plane lock poisoned").remove(&key);
+        let dir = self.range_dir(key.topic_id, key.range_id);
+        let (data_path, index_path) = segment_paths(&dir, key.segment_id);
+        for path in [data_path, index_path] {
+            match self.storage.remove(&path) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error.into()),
+                _ => {}
+            }
+        }
+        self.storage.sync_dir(&dir).or_else(ignore_missing)?;
+        Ok(())
+    }
+}
+
+fn ignore_missing(error: io::Error) -> io::Result<()> {
+    if error.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(error) }
+}
+
+/// Appends on a blocking thread: the call waits for `fdatasync`.
+pub async fn append(
+    segment: Arc<Segment>,
+    records: Vec<Record>,
+) -> Result<AppendTicket, AppendError> {
+    tokio::task::spawn_blocking(move || segment.append(&records))
+        .await
+        .expect("append task panicked")
+}
+
+/// Reads on a blocking thread.
+pub async fn read(
+    segment: Arc<Segment>,
+    from_offset: u64,
+    records_max: u32,
+    bytes_max: u64,
+) -> Result<ReadBatch, ReadError> {
+    tokio::task::spawn_blocking(move || segment.read(from_offset, records_max, bytes_max))
+        .await
+        .expect("read task panicked")
+}
+
+/// Seals on a blocking thread.
+pub async fn seal(segment: Arc<Segment>) -> Result<SealInfo, SealError> {
+    tokio::task::spawn_blocking(move || segment.seal()).await.expect("seal task panicked")
+}
