@@ -1,0 +1,285 @@
+//! The reason strings of error answers (section 4 and the policy reasons of section 3.5), shared
+//! so the server sends and the client recognises exactly the same text.
+//!
+//! Most reasons are sent as their bare name. A few carry detail after the name, and
+//! [`Reason::from_wire`] recognises them by that leading name: the policy reasons
+//! (`policy_in_use: a, b`, `timeout: the control plane ...`) and two Erlang terms Malachi renders
+//! as text (`{:unroutable, "k1"}`, `{:unknown_codec, 7}`).
+
+use std::fmt;
+
+macro_rules! reasons {
+    ($( $(#[$doc:meta])* $variant:ident = $text:literal, )*) => {
+        /// A reason an error answer can carry.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl Reason {
+            /// Every reason, in the order of section 4's table.
+            pub const ALL: &'static [Reason] = &[$( Reason::$variant, )*];
+
+            /// The exact wire text (for detail-carrying reasons, the leading name).
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $( Reason::$variant => $text, )*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    /// Per-IP connection cap; sent with `corr = 0` at accept, then close.
+    ConnectionLimitExceeded = "connection_limit_exceeded",
+    /// Global connection cap; sent with `corr = 0` at accept, then close.
+    GlobalLimitExceeded = "global_limit_exceeded",
+    FrameTooLarge = "frame_too_large",
+    AuthRequired = "auth_required",
+    InvalidCredentials = "invalid_credentials",
+    AccountLocked = "account_locked",
+    /// The per-IP auth rate limit (not the user quota, which is `rate_limited`).
+    RateLimitExceeded = "rate_limit_exceeded",
+    MtlsAuthDisabled = "mtls_auth_disabled",
+    MtlsAuthUnavailable = "mtls_auth_unavailable",
+    NoPeerCertificate = "no_peer_certificate",
+    OidcAuthDisabled = "oidc_auth_disabled",
+    OidcMisconfigured = "oidc_misconfigured",
+    MalformedRequest = "malformed_request",
+    UnknownApiKey = "unknown_api_key",
+    UnexpectedFrame = "unexpected_frame",
+    PermissionDenied = "permission_denied",
+    RateLimited = "rate_limited",
+    QuotaTooSmall = "quota_too_small",
+    Overloaded = "overloaded",
+    Migrating = "migrating",
+    NotOwner = "not_owner",
+    MetadataUnavailable = "metadata_unavailable",
+    NoQuorum = "no_quorum",
+    NoSuchTopic = "no_such_topic",
+    InvalidTopicName = "invalid_topic_name",
+    AlreadyExists = "already_exists",
+    InvalidCursor = "invalid_cursor",
+    /// Sent as the Erlang term `{:unroutable, "<key>"}`; see [`Reason::unroutable_text`].
+    Unroutable = "unroutable",
+    InvalidPermissions = "invalid_permissions",
+    UserExists = "user_exists",
+    UserNotFound = "user_not_found",
+    PersistFailed = "persist_failed",
+    InvalidOperation = "invalid_operation",
+    InvalidAcl = "invalid_acl",
+    InvalidRole = "invalid_role",
+    InvalidPolicyName = "invalid_policy_name",
+    InvalidTopic = "invalid_topic",
+    InvalidPolicy = "invalid_policy",
+    NoSuchPolicy = "no_such_policy",
+    /// Sent as `policy_in_use: <topic>, <topic>`.
+    PolicyInUse = "policy_in_use",
+    /// Sent as `bindings_unavailable: …; retry`.
+    BindingsUnavailable = "bindings_unavailable",
+    /// Sent as `unknown_policy_field: <field>`.
+    UnknownPolicyField = "unknown_policy_field",
+    /// Sent as `invalid_policy_field: <field>`.
+    InvalidPolicyField = "invalid_policy_field",
+    /// Sent as `duplicate_policy_field: <field>`.
+    DuplicatePolicyField = "duplicate_policy_field",
+    /// Sent as `unsupported_policy_field: <field>: <upgrade message>`.
+    UnsupportedPolicyField = "unsupported_policy_field",
+    /// Sent as `unsupported_command: <upgrade message>`.
+    UnsupportedCommand = "unsupported_command",
+    /// Sent as [`CONTROL_PLANE_TIMEOUT_TEXT`]; the change may still apply.
+    Timeout = "timeout",
+    Unsupported = "unsupported",
+    Unavailable = "unavailable",
+    StaleRoutes = "stale_routes",
+    Moved = "moved",
+    UnknownStream = "unknown_stream",
+    UnsupportedCodec = "unsupported_codec",
+    BatchTooLarge = "batch_too_large",
+    BatchSizeMismatch = "batch_size_mismatch",
+    BatchCountMismatch = "batch_count_mismatch",
+    MalformedBatch = "malformed_batch",
+    /// Sent inside `append_ack` as the Erlang term `{:unknown_codec, n}` (section 2.4).
+    UnknownCodec = "unknown_codec",
+}
+
+/// The full text of the policy `timeout` reason (section 3.5).
+pub const CONTROL_PLANE_TIMEOUT_TEXT: &str = "timeout: the control plane did not answer in time; \
+     the change may still apply, read it back before retrying";
+
+impl Reason {
+    /// Whether the same request may succeed if sent again unchanged, now or after a back-off:
+    /// the "yes" and "later" rows of section 4's client-action column.
+    pub const fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Reason::ConnectionLimitExceeded
+                | Reason::GlobalLimitExceeded
+                | Reason::AccountLocked
+                | Reason::RateLimitExceeded
+                | Reason::RateLimited
+                | Reason::Overloaded
+                | Reason::Migrating
+                | Reason::NotOwner
+                | Reason::MetadataUnavailable
+                | Reason::NoQuorum
+                | Reason::Unroutable
+                | Reason::PersistFailed
+                | Reason::BindingsUnavailable
+                | Reason::Timeout
+                | Reason::Unavailable
+        )
+    }
+
+    /// Whether the client must re-read the topic's routes (key 25) and reopen its stream before
+    /// trying again (section 3.6); these are not retryable as they are.
+    pub const fn requires_route_refresh(self) -> bool {
+        matches!(self, Reason::StaleRoutes | Reason::Moved)
+    }
+
+    /// Recognises a received reason text: an exact name, a name followed by `:` and detail, or
+    /// an Erlang term `{:name, ...}`. Unknown text gives `None` (treat it as a failure).
+    pub fn from_wire(text: &[u8]) -> Option<Reason> {
+        let name = match text.strip_prefix(b"{:") {
+            Some(term) => term.split(|&byte| byte == b',').next()?,
+            None => text.split(|&byte| byte == b':').next()?,
+        };
+        Reason::ALL.iter().copied().find(|reason| reason.as_str().as_bytes() == name)
+    }
+
+    /// The text Malachi sends for a key no active range covers: the Erlang rendering of
+    /// `{:unroutable, key}`. A printable UTF-8 key is quoted; other bytes use `<<1, 2>>`
+    /// notation; an absent key is `nil`.
+    pub fn unroutable_text(key: Option<&[u8]>) -> String {
+        format!("{{:unroutable, {}}}", erlang_binary(key))
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+fn erlang_binary(bytes: Option<&[u8]>) -> String {
+    let Some(bytes) = bytes else {
+        return "nil".to_owned();
+    };
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.chars().any(char::is_control) => {
+            format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+        }
+        _ => {
+            let listed: Vec<String> = bytes.iter().map(u8::to_string).collect();
+            format!("<<{}>>", listed.join(", "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_are_unique_snake_case_and_round_trip() {
+        for (index, reason) in Reason::ALL.iter().enumerate() {
+            let text = reason.as_str();
+            assert!(text.bytes().all(|byte| byte.is_ascii_lowercase() || byte == b'_'), "{text}");
+            assert_eq!(Reason::from_wire(text.as_bytes()), Some(*reason));
+            let others = &Reason::ALL[index + 1..];
+            assert!(others.iter().all(|other| other.as_str() != text), "{text} twice");
+        }
+    }
+
+    #[test]
+    fn wire_texts_of_section_4() {
+        let cases: &[(&str, Reason)] = &[
+            ("frame_too_large", Reason::FrameTooLarge),
+            ("malformed_request", Reason::MalformedRequest),
+            ("unknown_api_key", Reason::UnknownApiKey),
+            ("auth_required", Reason::AuthRequired),
+            ("invalid_credentials", Reason::InvalidCredentials),
+            ("rate_limit_exceeded", Reason::RateLimitExceeded),
+            ("rate_limited", Reason::RateLimited),
+            ("no_such_topic", Reason::NoSuchTopic),
+            ("not_owner", Reason::NotOwner),
+            ("batch_count_mismatch", Reason::BatchCountMismatch),
+        ];
+        for (text, reason) in cases {
+            assert_eq!(reason.as_str(), *text);
+            assert_eq!(reason.to_string(), *text);
+        }
+    }
+
+    #[test]
+    fn detail_carrying_texts_are_recognised() {
+        let cases: &[(&str, Option<Reason>)] = &[
+            ("policy_in_use: orders, audit", Some(Reason::PolicyInUse)),
+            ("bindings_unavailable: no leader; retry", Some(Reason::BindingsUnavailable)),
+            ("unsupported_policy_field: spread_by: upgrade", Some(Reason::UnsupportedPolicyField)),
+            (CONTROL_PLANE_TIMEOUT_TEXT, Some(Reason::Timeout)),
+            ("{:unroutable, \"k1\"}", Some(Reason::Unroutable)),
+            ("{:unknown_codec, 7}", Some(Reason::UnknownCodec)),
+            ("{:something_else, 1}", None),
+            ("not_owner_really", None),
+            ("", None),
+            ("{:", None),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(Reason::from_wire(text.as_bytes()), *expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn retryable_follows_the_client_action_column() {
+        let cases: &[(Reason, bool)] = &[
+            (Reason::ConnectionLimitExceeded, true),
+            (Reason::AccountLocked, true),
+            (Reason::RateLimitExceeded, true),
+            (Reason::RateLimited, true),
+            (Reason::Overloaded, true),
+            (Reason::Migrating, true),
+            (Reason::NotOwner, true),
+            (Reason::MetadataUnavailable, true),
+            (Reason::NoQuorum, true),
+            (Reason::Unroutable, true),
+            (Reason::PersistFailed, true),
+            (Reason::BindingsUnavailable, true),
+            (Reason::Timeout, true),
+            (Reason::Unavailable, true),
+            (Reason::FrameTooLarge, false),
+            (Reason::InvalidCredentials, false),
+            (Reason::MalformedRequest, false),
+            (Reason::PermissionDenied, false),
+            (Reason::QuotaTooSmall, false),
+            (Reason::NoSuchTopic, false),
+            (Reason::InvalidCursor, false),
+            (Reason::UserExists, false),
+            (Reason::PolicyInUse, false),
+            (Reason::StaleRoutes, false),
+            (Reason::Moved, false),
+            (Reason::MalformedBatch, false),
+        ];
+        for (reason, retryable) in cases {
+            assert_eq!(reason.is_retryable(), *retryable, "{reason}");
+        }
+        assert!(Reason::StaleRoutes.requires_route_refresh());
+        assert!(!Reason::NotOwner.requires_route_refresh());
+    }
+
+    #[test]
+    fn unroutable_renders_like_erlang() {
+        let cases: &[(Option<&[u8]>, &str)] = &[
+            (Some(b"k1"), "{:unroutable, \"k1\"}"),
+            (Some(b"a\"b"), "{:unroutable, \"a\\\"b\"}"),
+            (Some(b""), "{:unroutable, \"\"}"),
+            (Some(&[0, 255]), "{:unroutable, <<0, 255>>}"),
+            (None, "{:unroutable, nil}"),
+        ];
+        for (key, text) in cases {
+            assert_eq!(Reason::unroutable_text(*key), *text);
+            assert_eq!(Reason::from_wire(text.as_bytes()), Some(Reason::Unroutable));
+        }
+    }
+}
