@@ -1,0 +1,167 @@
+//! The commands [`crate::MetaState::apply`] accepts and the responses it returns. Does no I/O.
+//!
+//! Commands are what the Raft log carries, so each holds everything its effect depends on:
+//! the time (`now_ms`, read once by the proposer), the replica lists placement chose, and the
+//! data plane's seal reports. Admin-facing commands name topics by name; data-plane commands
+//! name them by `topic_id`, so a command meant for a deleted topic can never act on a newly
+//! created topic with the same name.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{GroupPosition, SealReport, SegmentRef, SegmentRoll};
+use crate::policy::PolicyField;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaCommand {
+    CreateTopic(CreateTopic),
+    /// Drops the topic, its ranges, groups and binding; its segments move to pending reclaim.
+    DeleteTopic {
+        name: String,
+    },
+    SplitRange(SplitRange),
+    MergeRanges(MergeRanges),
+    RollSegment(RollSegment),
+    CommitPositions(CommitPositions),
+    DeleteGroup {
+        topic_id: u64,
+        group: String,
+    },
+    /// Defines or replaces a policy from raw request fields.
+    DefinePolicy {
+        name: String,
+        fields: Vec<PolicyField>,
+    },
+    /// Refused with `policy_in_use` while bound, unless `force` (bound topics turn unresolved).
+    DeletePolicy {
+        name: String,
+        force: bool,
+    },
+    /// `policy: None` detaches.
+    BindTopicPolicy {
+        topic: String,
+        policy: Option<String>,
+    },
+    /// Applies a retention plan: each segment must be sealed and the oldest retained of its
+    /// range at its turn. Entries whose topic or segment is already gone are skipped.
+    ExpireSegments {
+        segments: Vec<SegmentRef>,
+    },
+    /// The data plane deleted these segments' files; unknown ids are ignored.
+    ReclaimDone {
+        segment_ids: Vec<u64>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateTopic {
+    pub name: String,
+    pub now_ms: u64,
+    /// A power of two in `1..=256` (and within the active-range limit); `None` means 1.
+    pub initial_ranges: Option<u32>,
+    pub segment_roll: SegmentRoll,
+    /// Replicas of every initial range's first segment; the first is the primary.
+    pub replicas: Vec<u64>,
+}
+
+/// Split a range at its midpoint behind the seal-first fence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitRange {
+    pub topic_id: u64,
+    pub range_id: u32,
+    /// Where the data plane fenced the range's active segment; `None` is refused (`unfenced`).
+    pub seal: Option<SealReport>,
+    pub now_ms: u64,
+    /// Replicas of the low child's and the high child's first segments.
+    pub child_replicas: [Vec<u64>; 2],
+}
+
+/// Merge two active buddies into the block that holds both, behind the seal-first fence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeRanges {
+    pub topic_id: u64,
+    /// In any order.
+    pub range_ids: [u32; 2],
+    /// `seals[i]` fences `range_ids[i]`'s active segment; a `None` is refused (`unfenced`).
+    pub seals: [Option<SealReport>; 2],
+    pub now_ms: u64,
+    pub replicas: Vec<u64>,
+}
+
+/// Seal a range's active segment at the reported length and open the next one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollSegment {
+    pub topic_id: u64,
+    pub range_id: u32,
+    pub seal: SealReport,
+    pub now_ms: u64,
+    pub replicas: Vec<u64>,
+}
+
+/// Replace a group's positions for the ranges named (others are kept).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitPositions {
+    pub topic_id: u64,
+    pub group: String,
+    pub positions: BTreeMap<u32, GroupPosition>,
+    /// When set, the commit is refused unless the group is at this generation (0 = no group).
+    pub expected_generation: Option<u64>,
+    pub now_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaResponse {
+    /// `ranges[i] = (range_id, first segment_id)` in keyspace order.
+    TopicCreated {
+        topic_id: u64,
+        ranges: Vec<(u32, u64)>,
+    },
+    /// Every segment of the topic, ascending; they are now pending reclaim.
+    TopicDeleted {
+        topic_id: u64,
+        reclaim: Vec<u64>,
+    },
+    /// `children = [low, high]` with their first segments.
+    RangeSplit {
+        sealed_segment_id: u64,
+        children: [u32; 2],
+        child_segment_ids: [u64; 2],
+    },
+    /// `sealed_segment_ids` follow the command's `range_ids` order.
+    RangesMerged {
+        sealed_segment_ids: [u64; 2],
+        range_id: u32,
+        segment_id: u64,
+    },
+    SegmentRolled {
+        sealed_segment_id: u64,
+        segment_id: u64,
+    },
+    PositionsCommitted {
+        generation: u64,
+    },
+    GroupDeleted {
+        existed: bool,
+    },
+    PolicyDefined {
+        replaced: bool,
+    },
+    /// `unresolved_topics`: topics a forced delete left bound to an undefined name.
+    PolicyDeleted {
+        existed: bool,
+        unresolved_topics: Vec<String>,
+    },
+    TopicPolicyBound {
+        previous: Option<String>,
+    },
+    /// `expired_records`: records removed by this command, over all ranges.
+    SegmentsExpired {
+        expired: Vec<SegmentRef>,
+        skipped: Vec<SegmentRef>,
+        expired_records: u64,
+    },
+    ReclaimAcknowledged {
+        removed: u64,
+    },
+}

@@ -1,0 +1,300 @@
+//! Typed errors, one enum per area, each with `reason()`: the exact text a wire response
+//! carries (`wire-protocol.md` sections 3.4, 3.5 and 4; reasons it does not list are ours and
+//! documented on the variant). Every error here is a refusal the caller can handle: the
+//! machine's state is unchanged. Broken invariants are not errors; they are assertions. Does no
+//! I/O.
+
+use serde::{Deserialize, Serialize};
+
+/// Any refusal of a [`crate::MetaCommand`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum MetaError {
+    #[error(transparent)]
+    Topic(#[from] TopicError),
+    #[error(transparent)]
+    Range(#[from] RangeError),
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error(transparent)]
+    Retention(#[from] RetentionError),
+}
+
+impl MetaError {
+    pub fn reason(&self) -> String {
+        match self {
+            MetaError::Topic(error) => error.reason(),
+            MetaError::Range(error) => error.reason(),
+            MetaError::Group(error) => error.reason(),
+            MetaError::Policy(error) => error.reason(),
+            MetaError::Retention(error) => error.reason(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum TopicError {
+    #[error("topic names are [A-Za-z0-9._-]{{1,249}}, not `.` or `..`")]
+    InvalidTopicName,
+    #[error("a topic with this name exists")]
+    AlreadyExists,
+    #[error("no such topic")]
+    NoSuchTopic,
+    /// Ours: the initial range count is not a power of two in `1..=256` (and the topic limit).
+    #[error("initial range count {count} is not a power of two in 1..={max}")]
+    InvalidRangeCount { count: u32, max: u32 },
+    /// Ours: a per-topic roll threshold below its floor.
+    #[error("segment roll threshold below its floor: {detail}")]
+    InvalidSegmentRoll { detail: String },
+    /// Ours.
+    #[error("the machine already holds {limit} topics")]
+    TooManyTopics { limit: u32 },
+    /// Ours: empty, duplicated or too many replica node ids.
+    #[error("invalid replica list: {detail}")]
+    InvalidReplicas { detail: String },
+}
+
+impl TopicError {
+    pub fn reason(&self) -> String {
+        let reason = match self {
+            TopicError::InvalidTopicName => "invalid_topic_name",
+            TopicError::AlreadyExists => "already_exists",
+            TopicError::NoSuchTopic => "no_such_topic",
+            TopicError::InvalidRangeCount { .. } => "invalid_range_count",
+            TopicError::InvalidSegmentRoll { .. } => "invalid_segment_roll",
+            TopicError::TooManyTopics { .. } => "too_many_topics",
+            TopicError::InvalidReplicas { .. } => "invalid_replicas",
+        };
+        reason.to_string()
+    }
+}
+
+/// Refusals of split, merge and roll. All reasons are ours (the wire has no such keys).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RangeError {
+    #[error("no range {range_id} in this topic")]
+    NoSuchRange { range_id: u32 },
+    #[error("range {range_id} is sealed")]
+    RangeSealed { range_id: u32 },
+    /// The seal-first fence: a split or merge without the data plane's seal of the write head
+    /// is refused, never performed unfenced.
+    #[error("range {range_id} has no seal report for its write head")]
+    Unfenced { range_id: u32 },
+    /// The report names a segment other than the range's active one.
+    #[error("range {range_id}: reported segment {reported} is not the active segment {active}")]
+    NotActiveSegment { range_id: u32, reported: u64, active: u64 },
+    /// The segment is already sealed at exactly the reported length (a replayed request).
+    #[error("segment {segment_id} is already sealed at that length")]
+    AlreadySealed { segment_id: u64 },
+    /// The segment is already sealed at a different length: sealed lengths never change.
+    #[error(
+        "segment {segment_id} is sealed at {recorded_end_offset} records / {recorded_data_bytes} \
+         bytes; a seal at {reported_end_offset} / {reported_data_bytes} is refused"
+    )]
+    SealConflict {
+        segment_id: u64,
+        recorded_end_offset: u64,
+        recorded_data_bytes: u64,
+        reported_end_offset: u64,
+        reported_data_bytes: u64,
+    },
+    #[error("range {range_id} has width 1 and cannot split")]
+    RangeTooSmall { range_id: u32 },
+    #[error("ranges {first} and {second} are not the two halves of one aligned block")]
+    NotBuddies { first: u32, second: u32 },
+    #[error("the topic already has {limit} active ranges")]
+    TooManyActiveRanges { limit: u32 },
+    #[error("the topic already created {limit} ranges")]
+    RangeHistoryFull { limit: u32 },
+    #[error("range {range_id} already retains {limit} segments")]
+    TooManySegments { range_id: u32, limit: u32 },
+    #[error("invalid replica list: {detail}")]
+    InvalidReplicas { detail: String },
+}
+
+impl RangeError {
+    pub fn reason(&self) -> String {
+        let reason = match self {
+            RangeError::NoSuchRange { .. } => "no_such_range",
+            RangeError::RangeSealed { .. } => "range_sealed",
+            RangeError::Unfenced { .. } => "unfenced",
+            RangeError::NotActiveSegment { .. } => "seal_mismatch",
+            RangeError::AlreadySealed { .. } => "segment_already_sealed",
+            RangeError::SealConflict { .. } => "seal_conflict",
+            RangeError::RangeTooSmall { .. } => "range_too_small",
+            RangeError::NotBuddies { .. } => "not_buddies",
+            RangeError::TooManyActiveRanges { .. } => "too_many_ranges",
+            RangeError::RangeHistoryFull { .. } => "range_history_full",
+            RangeError::TooManySegments { .. } => "too_many_segments",
+            RangeError::InvalidReplicas { .. } => "invalid_replicas",
+        };
+        reason.to_string()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum GroupError {
+    /// Ours: empty, longer than 255 bytes, or holding control characters.
+    #[error("invalid consumer group name")]
+    InvalidGroupName,
+    #[error("no range {range_id} in this topic")]
+    NoSuchRange { range_id: u32 },
+    /// A position that does not lie in its range. Its reason is the wire's `invalid_cursor`
+    /// because positions only reach a commit by way of a cursor.
+    #[error("position {position} is not valid in range {range_id}")]
+    InvalidPosition { range_id: u32, position: String },
+    /// Ours: the commit named a generation the group has moved past.
+    #[error("expected generation {expected}, the group is at {actual}")]
+    GenerationMismatch { expected: u64, actual: u64 },
+    /// Ours.
+    #[error("the topic already has {limit} consumer groups")]
+    TooManyGroups { limit: u32 },
+}
+
+impl GroupError {
+    pub fn reason(&self) -> String {
+        let reason = match self {
+            GroupError::InvalidGroupName => "invalid_group",
+            GroupError::NoSuchRange { .. } => "no_such_range",
+            GroupError::InvalidPosition { .. } => "invalid_cursor",
+            GroupError::GenerationMismatch { .. } => "generation_mismatch",
+            GroupError::TooManyGroups { .. } => "too_many_groups",
+        };
+        reason.to_string()
+    }
+}
+
+/// Storage-policy refusals with the reason strings of wire-protocol.md section 3.5.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum PolicyError {
+    #[error("policy names are [A-Za-z0-9._-]{{1,249}}, not `.` or `..`")]
+    InvalidPolicyName,
+    #[error("invalid topic name")]
+    InvalidTopic,
+    #[error("no such policy")]
+    NoSuchPolicy,
+    #[error("no such topic")]
+    NoSuchTopic,
+    /// Topics still bound, sorted by name; the reason lists at most 64 of them.
+    #[error("policy is bound to {} topics", topics.len())]
+    PolicyInUse { topics: Vec<String> },
+    #[error("unknown policy field {0}")]
+    UnknownField(String),
+    #[error("duplicate policy field {0}")]
+    DuplicateField(String),
+    #[error("invalid value for policy field {0}")]
+    InvalidField(String),
+    #[error("{limit} policies are already defined")]
+    TooManyPolicies { limit: u32 },
+}
+
+/// Most topic names a `policy_in_use` reason lists before summarising the rest.
+const POLICY_IN_USE_NAMES_MAX: usize = 64;
+
+impl PolicyError {
+    pub fn reason(&self) -> String {
+        match self {
+            PolicyError::InvalidPolicyName => "invalid_policy_name".to_string(),
+            PolicyError::InvalidTopic => "invalid_topic".to_string(),
+            PolicyError::NoSuchPolicy => "no_such_policy".to_string(),
+            PolicyError::NoSuchTopic => "no_such_topic".to_string(),
+            PolicyError::PolicyInUse { topics } => policy_in_use_reason(topics),
+            PolicyError::UnknownField(field) => format!("unknown_policy_field: {field}"),
+            PolicyError::DuplicateField(field) => format!("duplicate_policy_field: {field}"),
+            PolicyError::InvalidField(field) => format!("invalid_policy_field: {field}"),
+            PolicyError::TooManyPolicies { limit } => {
+                format!("invalid_policy: {limit} policies are already defined")
+            }
+        }
+    }
+}
+
+fn policy_in_use_reason(topics: &[String]) -> String {
+    let shown = &topics[..topics.len().min(POLICY_IN_USE_NAMES_MAX)];
+    let mut reason = format!("policy_in_use: {}", shown.join(", "));
+    if topics.len() > shown.len() {
+        reason.push_str(&format!(" and {} more", topics.len() - shown.len()));
+    }
+    reason
+}
+
+/// Refusals of an expire command: each means the plan it carries is wrong, not stale (stale
+/// entries, whose topic or segment is already gone, are skipped and reported instead).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RetentionError {
+    #[error("no range {range_id} in topic {topic_id}")]
+    NoSuchRange { topic_id: u64, range_id: u32 },
+    #[error("segment {segment_id} is active; only sealed segments expire")]
+    ActiveSegment { segment_id: u64 },
+    #[error("segment {segment_id} is not the oldest retained segment of its range")]
+    NotOldest { segment_id: u64 },
+    #[error("segment {segment_id} does not belong to the named topic and range")]
+    WrongRange { segment_id: u64 },
+    #[error("{count} items exceed the per-command limit of {limit}")]
+    TooManyItems { count: u64, limit: u32 },
+}
+
+impl RetentionError {
+    pub fn reason(&self) -> String {
+        let reason = match self {
+            RetentionError::NoSuchRange { .. } => "no_such_range",
+            RetentionError::ActiveSegment { .. } => "segment_active",
+            RetentionError::NotOldest { .. } => "segment_not_oldest",
+            RetentionError::WrongRange { .. } => "segment_range_mismatch",
+            RetentionError::TooManyItems { .. } => "too_many_items",
+        };
+        reason.to_string()
+    }
+}
+
+/// Refusals of an [`crate::AdminCommand`], with the reasons of wire-protocol.md section 3.4.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum AdminError {
+    #[error("permissions are admin, produce and consume")]
+    InvalidPermissions,
+    #[error("user exists")]
+    UserExists,
+    #[error("user not found")]
+    UserNotFound,
+    #[error("operations are produce and consume")]
+    InvalidOperation,
+    #[error("an ACL pattern is a topic name or a prefix of one followed by a single `*`")]
+    InvalidAcl,
+    #[error("roles are viewer, editor and admin (none removes)")]
+    InvalidRole,
+    /// Ours: empty, longer than 255 bytes, or holding control characters.
+    #[error("invalid username")]
+    InvalidUsername,
+    /// Ours: the hash is computed outside; an empty or oversized one is a caller bug.
+    #[error("invalid password hash")]
+    InvalidPasswordHash,
+    /// Ours: the login source is empty or too long.
+    #[error("invalid client address")]
+    InvalidAddress,
+    /// Ours.
+    #[error("{limit} users already exist")]
+    TooManyUsers { limit: u32 },
+    /// Ours.
+    #[error("the user already holds {limit} ACL grants")]
+    TooManyAcls { limit: u32 },
+}
+
+impl AdminError {
+    pub fn reason(&self) -> String {
+        let reason = match self {
+            AdminError::InvalidPermissions => "invalid_permissions",
+            AdminError::UserExists => "user_exists",
+            AdminError::UserNotFound => "user_not_found",
+            AdminError::InvalidOperation => "invalid_operation",
+            AdminError::InvalidAcl => "invalid_acl",
+            AdminError::InvalidRole => "invalid_role",
+            AdminError::InvalidUsername => "invalid_username",
+            AdminError::InvalidPasswordHash => "invalid_password_hash",
+            AdminError::InvalidAddress => "invalid_address",
+            AdminError::TooManyUsers { .. } => "too_many_users",
+            AdminError::TooManyAcls { .. } => "too_many_acls",
+        };
+        reason.to_string()
+    }
+}

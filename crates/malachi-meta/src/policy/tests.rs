@@ -1,0 +1,280 @@
+//! Tables for policy definitions, deletion, binding and resolution.
+
+use super::*;
+use crate::command::MetaCommand;
+use crate::limits::MetaLimits;
+use crate::testkit::{apply_ok, assert_refused, create};
+
+fn field(name: &str, value: PolicyValue) -> PolicyField {
+    PolicyField { name: name.to_string(), value }
+}
+
+fn define(name: &str, fields: Vec<PolicyField>) -> MetaCommand {
+    MetaCommand::DefinePolicy { name: name.to_string(), fields }
+}
+
+fn bind(topic: &str, policy: Option<&str>) -> MetaCommand {
+    MetaCommand::BindTopicPolicy { topic: topic.to_string(), policy: policy.map(str::to_string) }
+}
+
+fn delete(name: &str, force: bool) -> MetaCommand {
+    MetaCommand::DeletePolicy { name: name.to_string(), force }
+}
+
+#[test]
+fn from_fields_table() {
+    use PolicyValue::{Int, Null, Str};
+    let ok = |age, bytes, spread| {
+        Ok(PolicyDefinition { max_age_ms: age, max_bytes: bytes, spread_by: spread })
+    };
+    let cases: Vec<(Vec<PolicyField>, Result<PolicyDefinition, String>)> = vec![
+        (vec![], ok(PolicySetting::Inherit, PolicySetting::Inherit, PolicySetting::Inherit)),
+        (
+            vec![
+                field(FIELD_MAX_AGE_MS, Int(0)),
+                field(FIELD_MAX_BYTES, Null),
+                field(FIELD_SPREAD_BY, Str("rack".into())),
+            ],
+            ok(PolicySetting::Value(0), PolicySetting::Off, PolicySetting::Value("rack".into())),
+        ),
+        (
+            vec![field(FIELD_SPREAD_BY, Null)],
+            ok(PolicySetting::Inherit, PolicySetting::Inherit, PolicySetting::Off),
+        ),
+        (
+            vec![field("retention.max_records", Int(1))],
+            Err("unknown_policy_field: retention.max_records".into()),
+        ),
+        (
+            vec![field(FIELD_MAX_AGE_MS, Int(1)), field(FIELD_MAX_AGE_MS, Int(2))],
+            Err("duplicate_policy_field: retention.max_age_ms".into()),
+        ),
+        (
+            vec![field(FIELD_MAX_BYTES, Str("1".into()))],
+            Err("invalid_policy_field: retention.max_bytes".into()),
+        ),
+        (
+            vec![field(FIELD_MAX_AGE_MS, Str("1d".into()))],
+            Err("invalid_policy_field: retention.max_age_ms".into()),
+        ),
+        (vec![field(FIELD_SPREAD_BY, Int(3))], Err("invalid_policy_field: spread_by".into())),
+        (
+            vec![field(FIELD_SPREAD_BY, Str("".into()))],
+            Err("invalid_policy_field: spread_by".into()),
+        ),
+        (
+            vec![field(FIELD_SPREAD_BY, Str("rack=a".into()))],
+            Err("invalid_policy_field: spread_by".into()),
+        ),
+        (
+            vec![field("x", Int(1)), field(FIELD_SPREAD_BY, Int(3))],
+            Err("unknown_policy_field: x".into()),
+        ),
+        (
+            vec![field(FIELD_SPREAD_BY, Int(3)), field("x", Int(1))],
+            Err("invalid_policy_field: spread_by".into()),
+        ),
+    ];
+    for (fields, expected) in cases {
+        let result = PolicyDefinition::from_fields(&fields).map_err(|error| error.reason());
+        assert_eq!(result, expected, "{fields:?}");
+        if let Ok(definition) = result {
+            let round_trip = PolicyDefinition::from_fields(&definition.to_fields());
+            assert_eq!(round_trip, Ok(definition));
+        }
+    }
+}
+
+#[test]
+fn define_replace_and_list_sorted() {
+    let mut state = MetaState::default();
+    let age = |ms| vec![field(FIELD_MAX_AGE_MS, PolicyValue::Int(ms))];
+    assert_eq!(
+        apply_ok(&mut state, define("short", age(1))),
+        MetaResponse::PolicyDefined { replaced: false }
+    );
+    assert_eq!(
+        apply_ok(&mut state, define("long", age(9))),
+        MetaResponse::PolicyDefined { replaced: false }
+    );
+    assert_eq!(
+        apply_ok(&mut state, define("short", age(2))),
+        MetaResponse::PolicyDefined { replaced: true }
+    );
+    let listed: Vec<(&str, PolicySetting<u64>)> =
+        state.list_policies().into_iter().map(|(name, d)| (name, d.max_age_ms.clone())).collect();
+    assert_eq!(listed, vec![("long", PolicySetting::Value(9)), ("short", PolicySetting::Value(2))]);
+}
+
+#[test]
+fn define_refusals() {
+    let limits = MetaLimits { max_policies: 1, ..MetaLimits::default() };
+    let mut state = MetaState::new(limits);
+    apply_ok(&mut state, define("only", vec![]));
+    let cases: Vec<(MetaCommand, &str)> = vec![
+        (define("", vec![]), "invalid_policy_name"),
+        (define("bad name", vec![]), "invalid_policy_name"),
+        (define("p", vec![field("nope", PolicyValue::Null)]), "unknown_policy_field: nope"),
+        (define("second", vec![]), "invalid_policy: 1 policies are already defined"),
+    ];
+    for (command, reason) in cases {
+        assert_refused(&mut state, command, reason);
+    }
+    apply_ok(&mut state, define("only", vec![field(FIELD_MAX_BYTES, PolicyValue::Int(5))]));
+}
+
+#[test]
+fn delete_in_use_needs_force_and_leaves_bindings_unresolved() {
+    let mut state = MetaState::default();
+    for topic in ["zeta", "alpha", "free"] {
+        apply_ok(&mut state, create(topic, None));
+    }
+    apply_ok(&mut state, define("keep", vec![]));
+    apply_ok(&mut state, bind("zeta", Some("keep")));
+    apply_ok(&mut state, bind("alpha", Some("keep")));
+    assert_refused(&mut state, delete("keep", false), "policy_in_use: alpha, zeta");
+    assert_refused(&mut state, delete("bad name", true), "invalid_policy_name");
+    let response = apply_ok(&mut state, delete("keep", true));
+    let unresolved_topics = vec!["alpha".to_string(), "zeta".to_string()];
+    assert_eq!(response, MetaResponse::PolicyDeleted { existed: true, unresolved_topics });
+    let alpha = state.topic_by_name("alpha").expect("topic");
+    assert_eq!(state.policy_resolution(alpha), PolicyResolution::Unresolved);
+    let response = apply_ok(&mut state, delete("never-defined", false));
+    assert_eq!(response, MetaResponse::PolicyDeleted { existed: false, unresolved_topics: vec![] });
+}
+
+#[test]
+fn policy_in_use_reason_is_bounded() {
+    let topics: Vec<String> = (0..70).map(|index| format!("t{index:02}")).collect();
+    let reason = PolicyError::PolicyInUse { topics }.reason();
+    assert!(reason.starts_with("policy_in_use: t00, t01, "));
+    assert!(reason.ends_with("t63 and 6 more"), "{reason}");
+}
+
+#[test]
+fn bind_table() {
+    let mut state = MetaState::default();
+    apply_ok(&mut state, create("orders", None));
+    apply_ok(&mut state, define("p", vec![]));
+    let cases: Vec<(MetaCommand, &str)> = vec![
+        (bind("bad topic", Some("p")), "invalid_topic"),
+        (bind("orders", Some("bad name")), "invalid_policy_name"),
+        (bind("missing", Some("p")), "no_such_topic"),
+        (bind("orders", Some("undefined")), "no_such_policy"),
+    ];
+    for (command, reason) in cases {
+        assert_refused(&mut state, command, reason);
+    }
+    let steps = [(Some("p"), None), (Some("p"), Some("p")), (None, Some("p")), (None, None)];
+    for (policy, previous) in steps {
+        let response = apply_ok(&mut state, bind("orders", policy));
+        assert_eq!(
+            response,
+            MetaResponse::TopicPolicyBound { previous: previous.map(str::to_string) }
+        );
+    }
+}
+
+/// (topic, resolution code, has definition, effective fields as (name, value, origin code))
+type ViewCase<'a> = (&'a str, u8, bool, Vec<(&'a str, PolicyValue, u8)>);
+
+fn view_fields(view: &TopicPolicyView) -> Vec<(&str, PolicyValue, u8)> {
+    view.effective
+        .iter()
+        .map(|f| (f.name.as_str(), f.value.clone(), f.origin.wire_code()))
+        .collect()
+}
+
+/// Topics "plain" (unbound), "bound" (to p: age 7, bytes off) and "orphan" (bound to a policy
+/// deleted by force), with the cluster defaults they resolve against.
+fn resolution_fixture() -> (MetaState, PolicyDefaults) {
+    use PolicyValue::{Int, Null};
+    let defaults = PolicyDefaults {
+        retention: RetentionDefaults {
+            max_age_ms: Some(1000),
+            max_bytes: Some(2000),
+            unresolved_policy_max_age_ms: Some(5),
+        },
+        spread_by: Some("zone".into()),
+    };
+    let mut state = MetaState::default();
+    for topic in ["plain", "bound", "orphan"] {
+        apply_ok(&mut state, create(topic, None));
+    }
+    let p_fields = vec![field(FIELD_MAX_AGE_MS, Int(7)), field(FIELD_MAX_BYTES, Null)];
+    apply_ok(&mut state, define("p", p_fields));
+    apply_ok(&mut state, define("gone", vec![]));
+    apply_ok(&mut state, bind("bound", Some("p")));
+    apply_ok(&mut state, bind("orphan", Some("gone")));
+    apply_ok(&mut state, delete("gone", true));
+    (state, defaults)
+}
+
+#[test]
+fn topic_policy_resolution_table() {
+    use PolicyValue::{Int, Null, Str};
+    let (state, defaults) = resolution_fixture();
+    let cases: Vec<ViewCase> = vec![
+        (
+            "plain",
+            0,
+            false,
+            vec![
+                (FIELD_MAX_AGE_MS, Int(1000), 0),
+                (FIELD_MAX_BYTES, Int(2000), 0),
+                (FIELD_SPREAD_BY, Str("zone".into()), 0),
+            ],
+        ),
+        (
+            "bound",
+            1,
+            true,
+            vec![
+                (FIELD_MAX_AGE_MS, Int(7), 1),
+                (FIELD_MAX_BYTES, Null, 1),
+                (FIELD_SPREAD_BY, Str("zone".into()), 0),
+            ],
+        ),
+        (
+            "orphan",
+            2,
+            false,
+            vec![
+                (FIELD_MAX_AGE_MS, Int(5), 2),
+                (FIELD_MAX_BYTES, Null, 2),
+                (FIELD_SPREAD_BY, Str("zone".into()), 0),
+            ],
+        ),
+    ];
+    for (topic, resolution, has_definition, fields) in cases {
+        let view = state.topic_policy(topic, &defaults).expect("view");
+        assert_eq!(view.resolution.wire_code(), resolution, "{topic}");
+        assert_eq!(view.definition.is_some(), has_definition, "{topic}");
+        assert_eq!(view_fields(&view), fields, "{topic}");
+        let topic = state.topic_by_name(topic).expect("topic");
+        let retention = state.effective_retention(topic, &defaults.retention);
+        let expected = |field: &(&str, PolicyValue, u8)| match field.1 {
+            Int(value) => Some(value),
+            _ => None,
+        };
+        assert_eq!(
+            retention,
+            EffectiveRetention {
+                max_age_ms: expected(&fields[0]),
+                max_bytes: expected(&fields[1])
+            }
+        );
+    }
+}
+
+#[test]
+fn an_unresolved_binding_without_backstop_expires_nothing() {
+    let (state, defaults) = resolution_fixture();
+    let unresolved_without_backstop =
+        RetentionDefaults { unresolved_policy_max_age_ms: None, ..defaults.retention };
+    let orphan = state.topic_by_name("orphan").expect("topic");
+    let retention = state.effective_retention(orphan, &unresolved_without_backstop);
+    assert_eq!(retention, EffectiveRetention { max_age_ms: None, max_bytes: None });
+    assert_eq!(state.topic_policy("x y", &defaults), Err(PolicyError::InvalidTopic));
+    assert_eq!(state.topic_policy("nope", &defaults), Err(PolicyError::NoSuchTopic));
+}

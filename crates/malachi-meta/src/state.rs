@@ -1,0 +1,190 @@
+//! [`MetaState`], the metadata state machine: the entry point `apply`, the read-only queries,
+//! the shared allocation helpers, and `state_hash`. The per-area command handlers live in
+//! `topics.rs`, `reshard.rs`, `segments.rs`, `groups.rs`, `policy.rs` and `retention.rs`. Does
+//! no I/O.
+//!
+//! Every handler validates completely before it changes anything, so a refused command leaves
+//! the state (and its hash) unchanged. Identifiers come from counters held in the state and
+//! start at 1: topic ids and segment ids are never reused, even after a delete.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{MetaCommand, MetaResponse};
+use crate::error::MetaError;
+use crate::limits::MetaLimits;
+use crate::model::{ReclaimEntry, Segment, SegmentState, Topic};
+use crate::policy::PolicyDefinition;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaState {
+    pub(crate) limits: MetaLimits,
+    /// Number of commands accepted so far: the metadata version.
+    pub(crate) version: u64,
+    pub(crate) next_topic_id: u64,
+    pub(crate) next_segment_id: u64,
+    pub(crate) topics: BTreeMap<u64, Topic>,
+    /// Live topic names to ids: sorted listing and lookup by name.
+    pub(crate) topic_ids_by_name: BTreeMap<String, u64>,
+    /// Every retained segment of every live topic.
+    pub(crate) segments: BTreeMap<u64, Segment>,
+    pub(crate) policies: BTreeMap<String, PolicyDefinition>,
+    /// Segments whose metadata is gone and whose files the data plane still has to delete.
+    pub(crate) pending_reclaim: BTreeMap<u64, ReclaimEntry>,
+}
+
+impl Default for MetaState {
+    fn default() -> MetaState {
+        MetaState::new(MetaLimits::default())
+    }
+}
+
+impl MetaState {
+    pub fn new(limits: MetaLimits) -> MetaState {
+        MetaState {
+            limits,
+            version: 0,
+            next_topic_id: 1,
+            next_segment_id: 1,
+            topics: BTreeMap::new(),
+            topic_ids_by_name: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            policies: BTreeMap::new(),
+            pending_reclaim: BTreeMap::new(),
+        }
+    }
+
+    /// Applies one command. `Ok` bumps the version; `Err` leaves the state untouched.
+    pub fn apply(&mut self, command: MetaCommand) -> Result<MetaResponse, MetaError> {
+        let result = match command {
+            MetaCommand::CreateTopic(create) => self.create_topic(create),
+            MetaCommand::DeleteTopic { name } => self.delete_topic(&name),
+            MetaCommand::SplitRange(split) => self.split_range(split),
+            MetaCommand::MergeRanges(merge) => self.merge_ranges(merge),
+            MetaCommand::RollSegment(roll) => self.roll_segment(roll),
+            MetaCommand::CommitPositions(commit) => self.commit_positions(commit),
+            MetaCommand::DeleteGroup { topic_id, group } => self.delete_group(topic_id, &group),
+            MetaCommand::DefinePolicy { name, fields } => self.define_policy(name, &fields),
+            MetaCommand::DeletePolicy { name, force } => self.delete_policy(&name, force),
+            MetaCommand::BindTopicPolicy { topic, policy } => {
+                self.bind_topic_policy(&topic, policy)
+            }
+            MetaCommand::ExpireSegments { segments } => self.expire_segments(&segments),
+            MetaCommand::ReclaimDone { segment_ids } => self.reclaim_done(&segment_ids),
+        };
+        if result.is_ok() {
+            self.version += 1;
+        }
+        // The touched topic is asserted in every build by its handler; this crate's own tests
+        // also check the whole state after every command.
+        #[cfg(test)]
+        if let Err(violation) = self.check_invariants() {
+            panic!("metadata invariant broken after a command: {violation}");
+        }
+        result
+    }
+
+    /// A stable hash of the canonical serialized state: xxh3-64 over its JSON, which is
+    /// canonical because every map is a `BTreeMap` and no float is stored.
+    pub fn state_hash(&self) -> u64 {
+        let bytes = serde_json::to_vec(self).expect("metadata state serializes: string/int keys");
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+
+    pub fn limits(&self) -> &MetaLimits {
+        &self.limits
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn topic(&self, topic_id: u64) -> Option<&Topic> {
+        self.topics.get(&topic_id)
+    }
+
+    pub fn topic_by_name(&self, name: &str) -> Option<&Topic> {
+        self.topic_ids_by_name.get(name).map(|topic_id| &self.topics[topic_id])
+    }
+
+    /// Live topics sorted by name.
+    pub fn topics(&self) -> impl Iterator<Item = &Topic> {
+        self.topic_ids_by_name.values().map(|topic_id| &self.topics[topic_id])
+    }
+
+    pub fn segment(&self, segment_id: u64) -> Option<&Segment> {
+        self.segments.get(&segment_id)
+    }
+
+    /// The retained segments of a range, oldest first (empty when the range is unknown).
+    pub fn range_segments(&self, topic_id: u64, range_id: u32) -> Vec<&Segment> {
+        let Some(range) = self.topic(topic_id).and_then(|topic| topic.ranges.get(&range_id)) else {
+            return Vec::new();
+        };
+        range.segment_ids.iter().map(|segment_id| &self.segments[segment_id]).collect()
+    }
+
+    /// Segments the data plane still has to delete, by segment id.
+    pub fn pending_reclaim(&self) -> &BTreeMap<u64, ReclaimEntry> {
+        &self.pending_reclaim
+    }
+
+    /// Validates a replica list: non-empty, no duplicates, within the limit.
+    pub(crate) fn replica_problem(&self, replicas: &[u64]) -> Option<String> {
+        if replicas.is_empty() {
+            return Some("no replicas".to_string());
+        }
+        if replicas.len() > self.limits.max_replicas_per_segment as usize {
+            return Some(format!("more than {} replicas", self.limits.max_replicas_per_segment));
+        }
+        let mut sorted = replicas.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        (sorted.len() != replicas.len()).then(|| "a node appears twice".to_string())
+    }
+
+    /// Opens a new active segment at the end of `range_id` (the caller appends the id to it).
+    pub(crate) fn allocate_segment(
+        &mut self,
+        topic_id: u64,
+        range_id: u32,
+        now_ms: u64,
+        replicas: Vec<u64>,
+        range_base_records: u64,
+    ) -> u64 {
+        let segment_id = self.next_segment_id;
+        self.next_segment_id = segment_id.checked_add(1).expect("segment ids never run out");
+        let segment = Segment {
+            segment_id,
+            topic_id,
+            range_id,
+            state: SegmentState::Active,
+            created_ms: now_ms,
+            replicas,
+            range_base_records,
+        };
+        let previous = self.segments.insert(segment_id, segment);
+        assert!(previous.is_none(), "segment id {segment_id} handed out twice");
+        segment_id
+    }
+
+    /// Seals an active segment at the fenced length. Sealing is one-way: the length recorded
+    /// here never changes afterwards.
+    pub(crate) fn seal_segment(
+        &mut self,
+        segment_id: u64,
+        end_offset: u64,
+        data_bytes: u64,
+        now_ms: u64,
+    ) {
+        let segment = self.segments.get_mut(&segment_id).expect("sealing a retained segment");
+        assert!(segment.is_active(), "segment {segment_id} sealed twice");
+        segment.state = SegmentState::Sealed { end_offset, data_bytes, sealed_ms: now_ms };
+    }
+}
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;

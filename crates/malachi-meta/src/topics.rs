@@ -1,0 +1,150 @@
+//! Topic lifecycle: create (tiling the keyspace with its initial ranges), delete (metadata goes
+//! first; the segments become pending reclaim for the data plane), and the reclaim
+//! acknowledgement. Does no I/O.
+
+use std::collections::BTreeMap;
+
+use crate::command::{CreateTopic, MetaResponse};
+use crate::error::{MetaError, RetentionError, TopicError};
+use crate::keyspace::Extent;
+use crate::limits::MAX_INITIAL_RANGES;
+use crate::model::{Range, RangeState, ReclaimEntry, SegmentRoll, Topic};
+use crate::names::validate_topic_name;
+use crate::state::MetaState;
+
+/// Lowest per-topic roll size: below it every few appends would cost a metadata command.
+pub const MIN_SEGMENT_MAX_BYTES: u64 = 4_096;
+/// Lowest per-topic roll age, the floor `MALACHI_SEGMENT_MAX_AGE_MS` has too.
+pub const MIN_SEGMENT_MAX_AGE_MS: u64 = 60_000;
+
+impl MetaState {
+    pub(crate) fn create_topic(&mut self, create: CreateTopic) -> Result<MetaResponse, MetaError> {
+        let count_log2 = self.validate_create(&create)?;
+        let topic_id = self.next_topic_id;
+        self.next_topic_id = topic_id.checked_add(1).expect("topic ids never run out");
+        let mut topic = Topic {
+            topic_id,
+            name: create.name.clone(),
+            created_ms: create.now_ms,
+            segment_roll: create.segment_roll,
+            policy: None,
+            next_range_id: 0,
+            ranges: BTreeMap::new(),
+            active_by_start: BTreeMap::new(),
+            groups: BTreeMap::new(),
+        };
+        let mut created = Vec::new();
+        for extent in Extent::initial_tiling(count_log2) {
+            let range_id = topic.next_range_id;
+            topic.next_range_id += 1;
+            let segment_id = self.allocate_segment(
+                topic_id,
+                range_id,
+                create.now_ms,
+                create.replicas.clone(),
+                0,
+            );
+            topic.ranges.insert(
+                range_id,
+                new_range(range_id, extent, Vec::new(), create.now_ms, segment_id),
+            );
+            topic.active_by_start.insert(extent.start, range_id);
+            created.push((range_id, segment_id));
+        }
+        self.topics.insert(topic_id, topic);
+        self.topic_ids_by_name.insert(create.name, topic_id);
+        self.assert_topic(topic_id);
+        Ok(MetaResponse::TopicCreated { topic_id, ranges: created })
+    }
+
+    /// Returns `log2` of the initial range count.
+    fn validate_create(&self, create: &CreateTopic) -> Result<u32, TopicError> {
+        validate_topic_name(&create.name)?;
+        if self.topic_ids_by_name.contains_key(&create.name) {
+            return Err(TopicError::AlreadyExists);
+        }
+        let limit = self.limits.max_topics;
+        if self.topics.len() >= limit as usize {
+            return Err(TopicError::TooManyTopics { limit });
+        }
+        let count = create.initial_ranges.unwrap_or(1);
+        let max = MAX_INITIAL_RANGES.min(self.limits.max_active_ranges_per_topic);
+        if !count.is_power_of_two() || count > max {
+            return Err(TopicError::InvalidRangeCount { count, max });
+        }
+        validate_segment_roll(&create.segment_roll)?;
+        if let Some(detail) = self.replica_problem(&create.replicas) {
+            return Err(TopicError::InvalidReplicas { detail });
+        }
+        Ok(count.trailing_zeros())
+    }
+
+    pub(crate) fn delete_topic(&mut self, name: &str) -> Result<MetaResponse, MetaError> {
+        validate_topic_name(name)?;
+        let topic_id = self.topic_ids_by_name.remove(name).ok_or(TopicError::NoSuchTopic)?;
+        let topic = self.topics.remove(&topic_id).expect("the name index names live topics");
+        let mut reclaim = Vec::new();
+        for range in topic.ranges.values() {
+            for segment_id in &range.segment_ids {
+                let segment =
+                    self.segments.remove(segment_id).expect("ranges name retained segments");
+                assert_eq!((segment.topic_id, segment.range_id), (topic_id, range.range_id));
+                let entry =
+                    ReclaimEntry { topic_id, range_id: range.range_id, replicas: segment.replicas };
+                let previous = self.pending_reclaim.insert(*segment_id, entry);
+                assert!(previous.is_none(), "segment {segment_id} reclaimed twice");
+                reclaim.push(*segment_id);
+            }
+        }
+        reclaim.sort_unstable();
+        Ok(MetaResponse::TopicDeleted { topic_id, reclaim })
+    }
+
+    pub(crate) fn reclaim_done(&mut self, segment_ids: &[u64]) -> Result<MetaResponse, MetaError> {
+        let limit = self.limits.max_items_per_command;
+        if segment_ids.len() > limit as usize {
+            let count = segment_ids.len() as u64;
+            return Err(RetentionError::TooManyItems { count, limit }.into());
+        }
+        let removed = segment_ids
+            .iter()
+            .filter(|segment_id| self.pending_reclaim.remove(segment_id).is_some())
+            .count();
+        Ok(MetaResponse::ReclaimAcknowledged { removed: removed as u64 })
+    }
+}
+
+pub(crate) fn validate_segment_roll(roll: &SegmentRoll) -> Result<(), TopicError> {
+    if roll.max_bytes.is_some_and(|bytes| bytes < MIN_SEGMENT_MAX_BYTES) {
+        let detail = format!("max_bytes below {MIN_SEGMENT_MAX_BYTES}");
+        return Err(TopicError::InvalidSegmentRoll { detail });
+    }
+    if roll.max_age_ms.is_some_and(|age_ms| age_ms < MIN_SEGMENT_MAX_AGE_MS) {
+        let detail = format!("max_age_ms below {MIN_SEGMENT_MAX_AGE_MS}");
+        return Err(TopicError::InvalidSegmentRoll { detail });
+    }
+    Ok(())
+}
+
+/// An active range whose only segment is `segment_id`.
+pub(crate) fn new_range(
+    range_id: u32,
+    extent: Extent,
+    parents: Vec<u32>,
+    now_ms: u64,
+    segment_id: u64,
+) -> Range {
+    Range {
+        range_id,
+        extent,
+        parents,
+        children: Vec::new(),
+        state: RangeState::Active,
+        created_ms: now_ms,
+        segment_ids: vec![segment_id],
+        expired_records: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

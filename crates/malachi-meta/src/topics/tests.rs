@@ -1,0 +1,162 @@
+//! Tables for create, delete and reclaim.
+
+use super::*;
+use crate::command::MetaCommand;
+use crate::keyspace::key_point;
+use crate::limits::MetaLimits;
+use crate::model::SegmentState;
+use crate::testkit::{NOW_MS, apply_ok, assert_refused, create, with_topic};
+
+fn create_with(
+    name: &str,
+    ranges: Option<u32>,
+    roll: SegmentRoll,
+    replicas: Vec<u64>,
+) -> MetaCommand {
+    MetaCommand::CreateTopic(CreateTopic {
+        name: name.to_string(),
+        now_ms: NOW_MS,
+        initial_ranges: ranges,
+        segment_roll: roll,
+        replicas,
+    })
+}
+
+#[test]
+fn create_tiles_the_keyspace_with_the_requested_ranges() {
+    let cases: &[(Option<u32>, usize)] =
+        &[(None, 1), (Some(1), 1), (Some(2), 2), (Some(8), 8), (Some(256), 256)];
+    for &(ranges, expected) in cases {
+        let (state, topic_id) = with_topic("orders", ranges);
+        let topic = state.topic(topic_id).expect("created");
+        assert_eq!(topic.active_range_count() as usize, expected);
+        let ids: Vec<u32> = topic.active_ranges().map(|range| range.range_id).collect();
+        assert_eq!(ids, (0..expected as u32).collect::<Vec<_>>(), "keyspace order = id order");
+        for range in topic.active_ranges() {
+            assert!(range.parents.is_empty());
+            let segments = state.range_segments(topic_id, range.range_id);
+            assert_eq!(segments.len(), 1);
+            assert_eq!(segments[0].state, SegmentState::Active);
+            assert_eq!(segments[0].replicas, vec![1]);
+            assert_eq!(segments[0].created_ms, NOW_MS);
+        }
+        assert_eq!(
+            topic.route(key_point(b"user-42")).extent.width(),
+            (1u128 << 64) / expected as u128
+        );
+        state.check_invariants().expect("invariants");
+    }
+}
+
+#[test]
+fn create_response_names_ranges_and_first_segments() {
+    let mut state = MetaState::default();
+    let response = apply_ok(&mut state, create("a", Some(2)));
+    assert_eq!(response, MetaResponse::TopicCreated { topic_id: 1, ranges: vec![(0, 1), (1, 2)] });
+    let response = apply_ok(&mut state, create("b", None));
+    assert_eq!(response, MetaResponse::TopicCreated { topic_id: 2, ranges: vec![(0, 3)] });
+    assert_eq!(state.version(), 2);
+}
+
+#[test]
+fn create_refusals() {
+    let roll = SegmentRoll::default();
+    let small_bytes = SegmentRoll { max_bytes: Some(MIN_SEGMENT_MAX_BYTES - 1), max_age_ms: None };
+    let small_age = SegmentRoll { max_bytes: None, max_age_ms: Some(MIN_SEGMENT_MAX_AGE_MS - 1) };
+    let cases: Vec<(MetaCommand, &str)> = vec![
+        (create("", None), "invalid_topic_name"),
+        (create("..", None), "invalid_topic_name"),
+        (create("bad name", None), "invalid_topic_name"),
+        (create("existing", None), "already_exists"),
+        (create("t", Some(0)), "invalid_range_count"),
+        (create("t", Some(3)), "invalid_range_count"),
+        (create("t", Some(512)), "invalid_range_count"),
+        (create_with("t", None, small_bytes, vec![1]), "invalid_segment_roll"),
+        (create_with("t", None, small_age, vec![1]), "invalid_segment_roll"),
+        (create_with("t", None, roll, vec![]), "invalid_replicas"),
+        (create_with("t", None, roll, vec![1, 2, 1]), "invalid_replicas"),
+        (create_with("t", None, roll, (0..17).collect()), "invalid_replicas"),
+    ];
+    let (mut state, _) = with_topic("existing", None);
+    for (command, reason) in cases {
+        assert_refused(&mut state, command, reason);
+    }
+}
+
+#[test]
+fn create_respects_the_limits() {
+    let limits =
+        MetaLimits { max_topics: 1, max_active_ranges_per_topic: 4, ..MetaLimits::default() };
+    let mut state = MetaState::new(limits);
+    assert_refused(&mut state, create("a", Some(8)), "invalid_range_count");
+    apply_ok(&mut state, create("a", Some(4)));
+    assert_refused(&mut state, create("b", None), "too_many_topics");
+}
+
+#[test]
+fn roll_thresholds_at_their_floor_are_accepted() {
+    let roll = SegmentRoll {
+        max_bytes: Some(MIN_SEGMENT_MAX_BYTES),
+        max_age_ms: Some(MIN_SEGMENT_MAX_AGE_MS),
+    };
+    let mut state = MetaState::default();
+    apply_ok(&mut state, create_with("t", None, roll, vec![3, 1, 2]));
+    assert_eq!(state.topic_by_name("t").expect("created").segment_roll, roll);
+}
+
+#[test]
+fn delete_moves_segments_to_reclaim_and_frees_the_name() {
+    let (mut state, topic_id) = with_topic("orders", Some(2));
+    let response = apply_ok(&mut state, MetaCommand::DeleteTopic { name: "orders".into() });
+    assert_eq!(response, MetaResponse::TopicDeleted { topic_id, reclaim: vec![1, 2] });
+    assert!(state.topic(topic_id).is_none() && state.topic_by_name("orders").is_none());
+    assert_eq!(state.pending_reclaim().keys().copied().collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(
+        state.pending_reclaim()[&2],
+        ReclaimEntry { topic_id, range_id: 1, replicas: vec![1] }
+    );
+    let MetaResponse::TopicCreated { topic_id: recreated, ranges } =
+        apply_ok(&mut state, create("orders", None))
+    else {
+        panic!("not a create answer");
+    };
+    assert_eq!((recreated, ranges), (topic_id + 1, vec![(0, 3)]), "ids are never reused");
+    state.check_invariants().expect("invariants");
+}
+
+#[test]
+fn delete_refusals() {
+    let (mut state, _) = with_topic("orders", None);
+    assert_refused(&mut state, MetaCommand::DeleteTopic { name: "other".into() }, "no_such_topic");
+    assert_refused(&mut state, MetaCommand::DeleteTopic { name: "".into() }, "invalid_topic_name");
+}
+
+#[test]
+fn reclaim_done_removes_only_known_ids() {
+    let (mut state, _) = with_topic("orders", Some(4));
+    apply_ok(&mut state, MetaCommand::DeleteTopic { name: "orders".into() });
+    let cases: &[(Vec<u64>, u64, usize)] =
+        &[(vec![2, 99], 1, 3), (vec![2], 0, 3), (vec![1, 3, 4], 3, 0)];
+    for (ids, removed, left) in cases {
+        let response = apply_ok(&mut state, MetaCommand::ReclaimDone { segment_ids: ids.clone() });
+        assert_eq!(response, MetaResponse::ReclaimAcknowledged { removed: *removed });
+        assert_eq!(state.pending_reclaim().len(), *left);
+    }
+    let limits = MetaLimits { max_items_per_command: 2, ..MetaLimits::default() };
+    let mut state = MetaState::new(limits);
+    assert_refused(
+        &mut state,
+        MetaCommand::ReclaimDone { segment_ids: vec![1, 2, 3] },
+        "too_many_items",
+    );
+}
+
+#[test]
+fn topics_list_sorted_by_name() {
+    let mut state = MetaState::default();
+    for name in ["zeta", "alpha", "Mid", "beta"] {
+        apply_ok(&mut state, create(name, None));
+    }
+    let names: Vec<&str> = state.topics().map(|topic| topic.name.as_str()).collect();
+    assert_eq!(names, vec!["Mid", "alpha", "beta", "zeta"]);
+}
