@@ -5,8 +5,15 @@ pub mod auth;
 pub mod config;
 pub mod cursor;
 pub mod data;
+pub mod error;
+pub mod fetch;
 pub mod frontier;
+pub mod groups;
 pub mod load;
+pub mod machines;
+pub mod node;
 pub mod notify;
+pub mod produce;
 #[cfg(test)]
 mod testkit;
+pub mod topics;

@@ -1,0 +1,75 @@
+//! The log API's errors, each with the wire reason string a client sees.
+
+use malachi_consensus::ConsensusError;
+use malachi_log::{AppendError, LimitError};
+use malachi_meta::MetaError;
+
+use crate::data::DataError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("no such topic")]
+    NoSuchTopic,
+    #[error("invalid topic name")]
+    InvalidTopicName,
+    #[error("topic already exists")]
+    AlreadyExists,
+    #[error("invalid cursor")]
+    InvalidCursor,
+    #[error("{0}")]
+    Meta(MetaError),
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    /// A write or sync failed on this node; the outcome of the produce is unknown.
+    #[error("storage failed ({reason}): {detail}")]
+    Storage { reason: &'static str, detail: String },
+    /// The metadata group did not answer; retry.
+    #[error("metadata unavailable: {0}")]
+    Unavailable(String),
+    /// The range kept moving under the request (splits, merges, rolls); retry.
+    #[error("topic is being resharded; retry")]
+    Migrating,
+    #[error("permission denied")]
+    PermissionDenied,
+}
+
+impl LogError {
+    /// The wire reason (wire-protocol.md section 4).
+    pub fn reason(&self) -> String {
+        match self {
+            LogError::NoSuchTopic => "no_such_topic".into(),
+            LogError::InvalidTopicName => "invalid_topic_name".into(),
+            LogError::AlreadyExists => "already_exists".into(),
+            LogError::InvalidCursor => "invalid_cursor".into(),
+            LogError::Meta(error) => error.reason(),
+            LogError::Limit(error) => error.reason().into(),
+            LogError::Storage { reason, .. } => (*reason).into(),
+            LogError::Unavailable(_) => "metadata_unavailable".into(),
+            LogError::Migrating => "migrating".into(),
+            LogError::PermissionDenied => "permission_denied".into(),
+        }
+    }
+
+    /// Whether retrying the same call may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, LogError::Storage { .. } | LogError::Unavailable(_) | LogError::Migrating)
+    }
+}
+
+impl From<ConsensusError> for LogError {
+    fn from(error: ConsensusError) -> LogError {
+        LogError::Unavailable(error.to_string())
+    }
+}
+
+impl From<DataError> for LogError {
+    fn from(error: DataError) -> LogError {
+        match error {
+            DataError::Append(AppendError::Limit(limit)) => LogError::Limit(limit),
+            DataError::Append(AppendError::Poisoned { cause }) => {
+                LogError::Storage { reason: cause.reason(), detail: cause.to_string() }
+            }
+            other => LogError::Storage { reason: "storage_failed", detail: other.to_string() },
+        }
+    }
+}

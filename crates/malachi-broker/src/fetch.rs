@@ -1,0 +1,261 @@
+//! Fetch: read from a cursor, a group's committed position or the start, across range history,
+//! with an optional long poll.
+//!
+//! Reads are served only from durable bytes (the segment store never shows more), ordered within
+//! each range, at most `max` records per range (wire-protocol.md section 3.3), and the page never
+//! exceeds what fits in one response frame.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use malachi_log::Record;
+use malachi_meta::Topic;
+
+use crate::cursor::{Cursor, RangePosition};
+use crate::data::{self, DataError, SegmentKey};
+use crate::error::LogError;
+use crate::frontier::{self, Frontier};
+use crate::node::Broker;
+
+/// Clamps of wire-protocol.md section 3.3.
+pub const FETCH_MAX_DEFAULT: u32 = 100;
+pub const FETCH_MAX_LIMIT: u32 = 1000;
+pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
+/// Wire bytes of records one page may carry: the 16 MiB frame less room for the envelope, the
+/// count and the largest cursor.
+pub const PAGE_RECORD_BYTES_MAX: u64 = 16 * 1024 * 1024 - 128 * 1024;
+
+#[derive(Clone, Debug, Default)]
+pub struct FetchArgs<'a> {
+    pub topic: &'a str,
+    pub cursor: Option<&'a [u8]>,
+    pub group: Option<&'a str>,
+    pub member: Option<&'a str>,
+    pub max: u32,
+    pub wait_ms: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FetchPage {
+    pub records: Vec<Record>,
+    pub next_cursor: String,
+    /// Records the reader's position pointed at that retention had already deleted.
+    pub skipped: u64,
+}
+
+/// What reading one range returned.
+struct RangeRead {
+    records: Vec<Record>,
+    next: RangePosition,
+    skipped: u64,
+    wire_bytes: u64,
+}
+
+/// One retained segment of a range as a reader needs it.
+#[derive(Clone, Copy, Debug)]
+struct SegmentSpan {
+    segment_id: u64,
+    base: u64,
+    sealed_end: Option<u64>,
+}
+
+pub fn clamp_max(max: u32) -> u32 {
+    if max == 0 { FETCH_MAX_DEFAULT } else { max.min(FETCH_MAX_LIMIT) }
+}
+
+/// Bytes a record takes in a fetch response (wire-protocol.md section 2.1).
+pub fn wire_bytes(record: &Record) -> u64 {
+    let key = record.key.as_ref().map_or(1, |key| 5 + key.len() as u64);
+    let headers: u64 =
+        record.headers.iter().map(|(name, value)| 10 + (name.len() + value.len()) as u64).sum();
+    key + 4 + record.value.len() as u64 + 8 + 4 + headers
+}
+
+impl Broker {
+    pub async fn fetch(&self, args: &FetchArgs<'_>) -> Result<FetchPage, LogError> {
+        let max = clamp_max(args.max);
+        let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
+        let Some(topic) = self.meta.read(|meta| meta.0.topic_by_name(args.topic).cloned()) else {
+            // The original answers an empty page; an empty cursor means "from the start".
+            return Ok(FetchPage::default());
+        };
+        let mut frontier = self.start_frontier(&topic, args)?;
+        let mut produced = self.notifier.subscribe(topic.topic_id);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(u64::from(wait_ms));
+        loop {
+            let topic = self
+                .meta
+                .read(|meta| meta.0.topic(topic.topic_id).cloned())
+                .ok_or(LogError::NoSuchTopic)?;
+            let (records, skipped) = self.read_frontier(&topic, &mut frontier, max).await?;
+            let waited_out = tokio::time::Instant::now() >= deadline;
+            if !records.is_empty() || wait_ms == 0 || waited_out {
+                let cursor = Cursor { topic_id: topic.topic_id, positions: frontier };
+                return Ok(FetchPage {
+                    records,
+                    next_cursor: self.cursors.encode(&cursor),
+                    skipped,
+                });
+            }
+            if tokio::time::timeout_at(deadline, produced.changed()).await.is_err() {
+                produced.mark_unchanged();
+            }
+        }
+    }
+
+    /// The frontier a fetch starts from, by the precedence of wire-protocol.md section 3.3.
+    fn start_frontier(&self, topic: &Topic, args: &FetchArgs<'_>) -> Result<Frontier, LogError> {
+        if let (Some(group), Some(member)) = (args.group, args.member) {
+            return Ok(self.member_frontier(topic, group, member));
+        }
+        if let Some(text) = args.cursor.filter(|text| !text.is_empty()) {
+            return self.decode_cursor(topic, text, true);
+        }
+        if let Some(group) = args.group {
+            return Ok(self.group_frontier(topic, group));
+        }
+        Ok(frontier::initial(topic))
+    }
+
+    /// Decodes and checks a client's cursor; `whole` cursors must tile the keyspace (a group
+    /// member's cursor covers only its ranges).
+    pub(crate) fn decode_cursor(
+        &self,
+        topic: &Topic,
+        text: &[u8],
+        whole: bool,
+    ) -> Result<Frontier, LogError> {
+        let cursor =
+            self.cursors.decode(text, topic.topic_id).map_err(|_| LogError::InvalidCursor)?;
+        let mut positions = cursor.positions;
+        let valid = if whole {
+            frontier::validate(topic, &positions).is_ok()
+        } else {
+            positions.iter().all(|(range_id, position)| {
+                topic
+                    .ranges
+                    .get(range_id)
+                    .is_some_and(|range| *position != RangePosition::Drained || !range.is_active())
+            })
+        };
+        if !valid {
+            return Err(LogError::InvalidCursor);
+        }
+        frontier::advance(topic, &mut positions);
+        Ok(positions)
+    }
+
+    /// Reads every range of the frontier once (children released by a drained parent are read
+    /// in the same call), up to `max` records per range and one page of bytes in all.
+    async fn read_frontier(
+        &self,
+        topic: &Topic,
+        frontier: &mut Frontier,
+        max: u32,
+    ) -> Result<(Vec<Record>, u64), LogError> {
+        let mut records = Vec::new();
+        let mut skipped = 0;
+        let mut budget = PAGE_RECORD_BYTES_MAX;
+        let mut visited = BTreeSet::new();
+        frontier::advance(topic, frontier);
+        loop {
+            let unread: Vec<(u32, u64)> = frontier
+                .iter()
+                .filter_map(|(&range_id, position)| match position {
+                    RangePosition::At(offset) if !visited.contains(&range_id) => {
+                        Some((range_id, *offset))
+                    }
+                    _ => None,
+                })
+                .collect();
+            if unread.is_empty() || budget == 0 {
+                return Ok((records, skipped));
+            }
+            for (range_id, offset) in unread {
+                visited.insert(range_id);
+                let read = self.read_range(topic, range_id, offset, max, budget).await?;
+                budget = budget.saturating_sub(read.wire_bytes);
+                skipped += read.skipped;
+                records.extend(read.records);
+                frontier.insert(range_id, read.next);
+            }
+            frontier::advance(topic, frontier);
+        }
+    }
+
+    async fn read_range(
+        &self,
+        topic: &Topic,
+        range_id: u32,
+        mut offset: u64,
+        max: u32,
+        budget: u64,
+    ) -> Result<RangeRead, LogError> {
+        let range = &topic.ranges[&range_id];
+        let spans = self.segment_spans(topic.topic_id, range_id);
+        let mut read = RangeRead {
+            records: Vec::new(),
+            next: RangePosition::At(offset),
+            skipped: 0,
+            wire_bytes: 0,
+        };
+        if offset < range.expired_records {
+            read.skipped = range.expired_records - offset;
+            offset = range.expired_records;
+        }
+        let mut range_end = offset;
+        for span in &spans {
+            let key =
+                SegmentKey { topic_id: topic.topic_id, range_id, segment_id: span.segment_id };
+            let end = span.base
+                + span.sealed_end.unwrap_or_else(|| {
+                    self.active_durable_end(topic.topic_id, range_id, span.segment_id)
+                });
+            range_end = end;
+            if offset >= end || read.records.len() as u32 >= max || read.wire_bytes >= budget {
+                continue;
+            }
+            offset = offset.max(span.base);
+            let segment = match self.data.get(key) {
+                Ok(segment) => segment,
+                Err(DataError::Missing(_)) => {
+                    // Deleted by retention after we looked: count it as expired.
+                    read.skipped += end - offset;
+                    offset = end;
+                    continue;
+                }
+                Err(error) => return Err(error.into()),
+            };
+            let wanted = max - read.records.len() as u32;
+            let batch = data::read(segment, offset - span.base, wanted, budget - read.wire_bytes)
+                .await
+                .map_err(DataError::from)?;
+            for stored in batch.records {
+                let bytes = wire_bytes(&stored.record);
+                if !read.records.is_empty() && read.wire_bytes + bytes > budget {
+                    break;
+                }
+                read.wire_bytes += bytes;
+                read.records.push(stored.record);
+                offset += 1;
+            }
+        }
+        let drained = !range.is_active() && offset >= range_end;
+        read.next = if drained { RangePosition::Drained } else { RangePosition::At(offset) };
+        Ok(read)
+    }
+
+    fn segment_spans(&self, topic_id: u64, range_id: u32) -> Vec<SegmentSpan> {
+        self.meta.read(|meta| {
+            meta.0
+                .range_segments(topic_id, range_id)
+                .iter()
+                .map(|segment| SegmentSpan {
+                    segment_id: segment.segment_id,
+                    base: segment.range_base_records,
+                    sealed_end: segment.sealed_length().map(|(end_offset, _)| end_offset),
+                })
+                .collect()
+        })
+    }
+}

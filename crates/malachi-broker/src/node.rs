@@ -1,0 +1,278 @@
+//! One broker node: its Raft groups, its segment files, its cursor key, and the background work
+//! (segment rolls, load-driven reshapes, retention). The log API itself is in `produce.rs`,
+//! `fetch.rs`, `topics.rs` and `groups.rs`, as methods of [`Broker`].
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use malachi_consensus::{GroupConfig, GroupStore, RaftGroup};
+use malachi_log::{GroupCommitConfig, Limits, SegmentConfig, Storage};
+use malachi_meta::{AdminCommand, AdminError};
+
+use crate::auth::{self, Entropy};
+use crate::config::BrokerConfig;
+use crate::cursor::CursorKey;
+use crate::data::DataPlane;
+use crate::groups::Members;
+use crate::load::LoadTracker;
+use crate::machines::{AdminMachine, MetaMachine};
+use crate::notify::{Clock, Notifier};
+
+/// Raft group ids on a node: the administrative group and the (single, for now) vnode.
+pub const ADMIN_GROUP_ID: u64 = 0;
+pub const VNODE_GROUP_ID: u64 = 1;
+
+/// Everything a node needs from outside: configuration, disk, time, randomness.
+pub struct NodeDeps {
+    pub config: BrokerConfig,
+    pub node_id: u64,
+    pub storage: Arc<dyn Storage>,
+    pub clock: Arc<dyn Clock>,
+    pub entropy: Arc<dyn Entropy>,
+    pub raft: GroupConfig,
+}
+
+/// What boot found or did, for the operator's first screen.
+#[derive(Debug, Default)]
+pub struct BootReport {
+    /// A generated admin password, printed once on first boot.
+    pub generated_admin_password: Option<String>,
+    pub seeded_users: Vec<String>,
+}
+
+pub struct Broker {
+    pub(crate) config: BrokerConfig,
+    pub(crate) node_id: u64,
+    pub(crate) meta: RaftGroup<MetaMachine>,
+    pub(crate) admin: RaftGroup<AdminMachine>,
+    pub(crate) data: DataPlane,
+    pub(crate) cursors: CursorKey,
+    pub(crate) notifier: Notifier,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) entropy: Arc<dyn Entropy>,
+    /// Serializes rolls, splits, merges and retention on this node, so two of them never race
+    /// for one write head. Produce and fetch never take it.
+    pub(crate) reshape_lock: tokio::sync::Mutex<()>,
+    pub(crate) load: Mutex<LoadTracker>,
+    /// Ranges with a roll requested and not yet done.
+    pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
+    pub(crate) members: Mutex<Members>,
+    pub(crate) last_reshape_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// This broker, for background tasks it starts.
+    pub(crate) me: std::sync::Weak<Broker>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Broker").field("node_id", &self.node_id).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("data directory {path}: {source}")]
+    DataDir { path: String, source: io::Error },
+    #[error("metadata store: {0}")]
+    Consensus(#[from] malachi_consensus::ConsensusError),
+    #[error("metadata store: {0}")]
+    Store(#[from] malachi_consensus::StoreError),
+    #[error("{0}")]
+    Users(String),
+}
+
+impl Broker {
+    pub async fn open(deps: NodeDeps) -> Result<(Arc<Broker>, BootReport), BootError> {
+        let data_dir = deps.config.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).map_err(|source| data_dir_error(&data_dir, source))?;
+        let store = GroupStore::open(data_dir.join("raft.redb"))?;
+        let admin = RaftGroup::<AdminMachine>::open(
+            &store,
+            ADMIN_GROUP_ID,
+            deps.node_id,
+            deps.raft.clone(),
+        )
+        .await?;
+        let meta =
+            RaftGroup::<MetaMachine>::open(&store, VNODE_GROUP_ID, deps.node_id, deps.raft.clone())
+                .await?;
+        let cursors = load_cursor_key(&data_dir, &*deps.entropy)
+            .map_err(|source| data_dir_error(&data_dir, source))?;
+        let data =
+            DataPlane::new(Arc::clone(&deps.storage), &data_dir, segment_config(&deps.config));
+        let broker = Arc::new_cyclic(|me| Broker {
+            me: me.clone(),
+            load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
+            config: deps.config,
+            node_id: deps.node_id,
+            meta,
+            admin,
+            data,
+            cursors,
+            notifier: Notifier::default(),
+            clock: deps.clock,
+            entropy: deps.entropy,
+            reshape_lock: tokio::sync::Mutex::new(()),
+            rolling: Mutex::new(BTreeSet::new()),
+            members: Mutex::new(Members::default()),
+            last_reshape_ms: Mutex::new(Default::default()),
+        });
+        let report = broker.bootstrap_users().await?;
+        Ok((broker, report))
+    }
+
+    /// First boot: the admin account (from `MALACHI_ADMIN_PASS`, else generated, printed once
+    /// and stored 0600 for the local CLI). Every boot: `MALACHI_DEFAULT_USERS` that do not exist.
+    async fn bootstrap_users(&self) -> Result<BootReport, BootError> {
+        let mut report = BootReport::default();
+        let has_admin = self.admin.read(|admin| admin.0.user("admin").is_some());
+        if !has_admin {
+            let password = match &self.config.admin_pass {
+                Some(password) => password.clone(),
+                None => {
+                    let password = auth::new_password(&*self.entropy);
+                    report.generated_admin_password = Some(password.clone());
+                    password
+                }
+            };
+            self.create_user_hashed("admin", &password, vec!["admin".into()], None).await?;
+            auth::write_admin_credentials(&self.config.data_dir, "admin", &password)
+                .map_err(|source| data_dir_error(&self.config.data_dir, source))?;
+        }
+        if let Some(spec) =
+            self.config.default_users.clone().filter(|_| !self.config.disable_default_users)
+        {
+            for user in auth::parse_seed_users(&spec).map_err(BootError::Users)? {
+                if self.admin.read(|admin| admin.0.user(&user.username).is_none()) {
+                    self.create_user_hashed(
+                        &user.username,
+                        &user.password,
+                        user.permissions,
+                        user.role,
+                    )
+                    .await?;
+                    report.seeded_users.push(user.username);
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn create_user_hashed(
+        &self,
+        username: &str,
+        password: &str,
+        permissions: Vec<String>,
+        role: Option<String>,
+    ) -> Result<(), BootError> {
+        let password_hash = hash_off_thread(password.to_string(), Arc::clone(&self.entropy)).await;
+        let command = AdminCommand::CreateUser {
+            username: username.into(),
+            password_hash,
+            permissions,
+            role,
+        };
+        match self.admin.propose(command).await? {
+            Ok(_) | Err(AdminError::UserExists) => Ok(()),
+            Err(error) => Err(BootError::Users(format!("user {username}: {}", error.reason()))),
+        }
+    }
+
+    pub(crate) fn self_handle(&self) -> Option<Arc<Broker>> {
+        self.me.upgrade()
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub fn entropy(&self) -> &Arc<dyn Entropy> {
+        &self.entropy
+    }
+
+    pub fn admin_group(&self) -> &RaftGroup<AdminMachine> {
+        &self.admin
+    }
+
+    pub fn meta_group(&self) -> &RaftGroup<MetaMachine> {
+        &self.meta
+    }
+
+    pub fn data_plane(&self) -> &DataPlane {
+        &self.data
+    }
+
+    /// Stops the Raft groups; segment files are closed as the last handles drop.
+    pub async fn shutdown(&self) {
+        let _ = self.meta.shutdown().await;
+        let _ = self.admin.shutdown().await;
+    }
+}
+
+/// Argon2id costs tens of milliseconds of CPU: never on the async threads.
+pub async fn hash_off_thread(password: String, entropy: Arc<dyn Entropy>) -> String {
+    tokio::task::spawn_blocking(move || auth::hash_password(&password, &*entropy))
+        .await
+        .expect("hashing task panicked")
+}
+
+pub fn segment_config(config: &BrokerConfig) -> SegmentConfig {
+    SegmentConfig {
+        limits: Limits::default(),
+        group_commit: GroupCommitConfig {
+            batch_records_max: config.group_commit_max_records,
+            batch_bytes_max: config.group_commit_max_bytes,
+            linger_us: config.group_commit_linger_us,
+        },
+        ..SegmentConfig::default()
+    }
+}
+
+/// The cursor secret: 32 random bytes created on first boot, kept 0600 in the data directory, so
+/// cursors survive restarts and cannot be forged.
+fn load_cursor_key(data_dir: &Path, entropy: &dyn Entropy) -> io::Result<CursorKey> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("cursor.secret");
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let secret: [u8; 32] = bytes.try_into().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{} is not 32 bytes", path.display()),
+                )
+            })?;
+            Ok(CursorKey::new(secret))
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            let mut secret = [0u8; 32];
+            entropy.fill(&mut secret);
+            let temp = data_dir.join("cursor.secret.tmp");
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&temp)?;
+            file.write_all(&secret)?;
+            file.sync_all()?;
+            std::fs::rename(&temp, &path)?;
+            std::fs::File::open(data_dir)?.sync_all()?;
+            Ok(CursorKey::new(secret))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+fn data_dir_error(path: &Path, source: io::Error) -> BootError {
+    BootError::DataDir { path: path.display().to_string(), source }
+}

@@ -1,0 +1,212 @@
+//! Produce: route each record to the active range owning its key, append per range (one group
+//! commit per segment), acknowledge once every append is durable.
+//!
+//! A write head sealed under us (a split, merge or roll) is the fence doing its job: the records
+//! that were refused are re-routed against fresh metadata and retried, in order, so a key's
+//! records land after the parent's in the child. Appends that failed on storage are not retried
+//! here: their outcome is unknown, so the client decides (at-least-once).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use malachi_log::{AppendError, Record};
+use malachi_meta::key_point;
+
+use crate::data::{self, DataError, SegmentKey};
+use crate::error::LogError;
+use crate::node::Broker;
+
+/// Re-route attempts after a fenced head before answering `migrating`.
+const ROUTE_ATTEMPTS_MAX: u32 = 64;
+
+/// Per-connection producer state: where keyless records go next.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spread {
+    next: u64,
+}
+
+/// Records bound for one segment, with their positions in the request.
+struct RangeBatch {
+    key: SegmentKey,
+    indexes: Vec<usize>,
+}
+
+impl Broker {
+    /// Appends `records` to `topic`; returns the count once all are durable.
+    pub async fn produce(
+        &self,
+        topic: &str,
+        records: Vec<Record>,
+        spread: &mut Spread,
+    ) -> Result<u32, LogError> {
+        let count =
+            u32::try_from(records.len()).map_err(|_| LogError::Limit(too_many(records.len())))?;
+        let topic_id = self.topic_id(topic)?;
+        if records.is_empty() {
+            return Ok(0);
+        }
+        self.data.config().limits.check(&records)?;
+        // Keyless records pick a slot once, so a retry keeps them where they were headed.
+        let slots: Vec<u64> = records
+            .iter()
+            .map(|record| {
+                if record.key.is_some() {
+                    return 0;
+                }
+                spread.next = spread.next.wrapping_add(1);
+                spread.next
+            })
+            .collect();
+        let mut pending: Vec<usize> = (0..records.len()).collect();
+        for attempt in 0..ROUTE_ATTEMPTS_MAX {
+            pending = self.append_routed(topic_id, &records, &slots, pending).await?;
+            if pending.is_empty() {
+                self.notifier.notify(topic_id);
+                return Ok(count);
+            }
+            // Let the reshape that fenced the head finish before routing again.
+            tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(10)))).await;
+        }
+        Err(LogError::Migrating)
+    }
+
+    /// One routing pass: appends every pending record to its range's head and returns the
+    /// records whose head turned out to be fenced.
+    async fn append_routed(
+        &self,
+        topic_id: u64,
+        records: &[Record],
+        slots: &[u64],
+        pending: Vec<usize>,
+    ) -> Result<Vec<usize>, LogError> {
+        let batches = self.route(topic_id, records, slots, pending)?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for batch in batches {
+            let segment = match self.data.get(batch.key) {
+                Ok(segment) => segment,
+                Err(DataError::Missing(key)) => self.data.create(key)?,
+                Err(error) => return Err(error.into()),
+            };
+            let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
+            let bytes: u64 = owned.iter().map(Record::user_bytes).sum();
+            tasks.spawn(async move {
+                let outcome = data::append(segment, owned).await;
+                (batch, bytes, outcome)
+            });
+        }
+        let mut fenced = Vec::new();
+        let mut failure = None;
+        while let Some(joined) = tasks.join_next().await {
+            let (batch, bytes, outcome) = joined.expect("append task panicked");
+            match outcome {
+                Ok(_) => self.after_append(batch.key, batch.indexes.len() as u64, bytes),
+                Err(AppendError::Sealed { .. }) => {
+                    self.heal_sealed_head(
+                        batch.key.topic_id,
+                        batch.key.range_id,
+                        batch.key.segment_id,
+                    )
+                    .await?;
+                    fenced.extend(batch.indexes);
+                }
+                Err(error) => {
+                    if matches!(error, AppendError::Poisoned { .. }) {
+                        self.repair_poisoned(batch.key);
+                    }
+                    failure.get_or_insert(LogError::from(DataError::Append(error)));
+                }
+            }
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => {
+                fenced.sort_unstable();
+                Ok(fenced)
+            }
+        }
+    }
+
+    /// Groups pending records by the head segment of the range that owns them, keeping each
+    /// group in request order.
+    fn route(
+        &self,
+        topic_id: u64,
+        records: &[Record],
+        slots: &[u64],
+        pending: Vec<usize>,
+    ) -> Result<Vec<RangeBatch>, LogError> {
+        self.meta.read(|meta| {
+            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+            let active: Vec<u32> = topic.active_ranges().map(|range| range.range_id).collect();
+            let mut by_range: BTreeMap<u32, RangeBatch> = BTreeMap::new();
+            for at in pending {
+                let range = match &records[at].key {
+                    Some(key) => topic.route(key_point(key)),
+                    None => &topic.ranges[&active[(slots[at] % active.len() as u64) as usize]],
+                };
+                let segment_id = range.active_segment_id().expect("routed ranges are active");
+                by_range
+                    .entry(range.range_id)
+                    .or_insert_with(|| RangeBatch {
+                        key: SegmentKey { topic_id, range_id: range.range_id, segment_id },
+                        indexes: Vec::new(),
+                    })
+                    .indexes
+                    .push(at);
+            }
+            Ok(by_range.into_values().collect())
+        })
+    }
+
+    /// Load accounting and the size-based roll check after a durable append.
+    fn after_append(&self, key: SegmentKey, records: u64, bytes: u64) {
+        let now_ms = self.clock.now_ms();
+        self.load.lock().expect("load lock poisoned").record(
+            key.topic_id,
+            key.range_id,
+            records,
+            bytes,
+            now_ms,
+        );
+        let Ok(segment) = self.data.get(key) else { return };
+        let active_bytes = segment.status().durable_bytes;
+        let due = self.meta.read(|meta| {
+            meta.0.roll_due(key.topic_id, key.range_id, active_bytes, now_ms, &self.roll_defaults())
+        });
+        if due {
+            self.request_roll(key.topic_id, key.range_id);
+        }
+    }
+
+    pub(crate) fn roll_defaults(&self) -> malachi_meta::SegmentRollDefaults {
+        malachi_meta::SegmentRollDefaults {
+            max_bytes: self.config.segment_max_bytes,
+            max_age_ms: self.config.segment_max_age_ms,
+        }
+    }
+
+    /// A segment whose write or sync failed: reopen it (recovery keeps exactly what reached the
+    /// disk), seal it there and roll, so the range takes writes again on a new segment.
+    fn repair_poisoned(&self, key: SegmentKey) {
+        self.data.evict(key);
+        self.request_roll(key.topic_id, key.range_id);
+    }
+
+    /// Starts a roll in the background unless one is already pending for the range.
+    pub(crate) fn request_roll(&self, topic_id: u64, range_id: u32) {
+        let Some(broker) = self.self_handle() else { return };
+        if !self.rolling.lock().expect("rolling lock poisoned").insert((topic_id, range_id)) {
+            return;
+        }
+        tokio::spawn(async move {
+            if let Err(error) = broker.roll(topic_id, range_id).await {
+                tracing::warn!(topic_id, range_id, %error, "segment roll failed");
+            }
+            broker.rolling.lock().expect("rolling lock poisoned").remove(&(topic_id, range_id));
+        });
+    }
+}
+
+fn too_many(count: usize) -> malachi_log::LimitError {
+    malachi_log::LimitError::TooManyRecords { count: count as u64, max: u32::MAX }
+}

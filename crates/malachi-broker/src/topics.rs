@@ -1,0 +1,392 @@
+//! Topic administration and the write-head operations behind the seal-first fence: create,
+//! delete, describe, roll, split, merge, retention.
+//!
+//! Every operation that moves a write head follows one order: seal the segment in the data
+//! plane (the fence: the store refuses appends from then on, also after a restart), then record
+//! the reported end in metadata, then create the files of the new segments. A crash between two
+//! steps leaves a sealed head that metadata still calls active; the next produce to it finds the
+//! fence and completes the step as a roll (`heal_sealed_head`).
+
+use malachi_meta::{
+    CreateTopic, MergeRanges, MetaCommand, MetaError, MetaResponse, RangeError, RollSegment,
+    SealReport, SegmentRef, SegmentRoll, SplitRange, TopicError,
+};
+
+use crate::data::SegmentKey;
+use crate::error::LogError;
+use crate::node::Broker;
+
+/// A topic as `describe` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub name: String,
+    pub topic_id: u64,
+    pub created_ms: u64,
+    pub policy: Option<String>,
+    pub ranges: Vec<RangeInfo>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeInfo {
+    pub range_id: u32,
+    pub start: u64,
+    pub end_inclusive: u64,
+    pub active: bool,
+    pub parents: Vec<u32>,
+    pub children: Vec<u32>,
+    pub segments: u32,
+    /// Records retained (sealed segments' lengths plus the active segment's durable end).
+    pub records: u64,
+    pub expired_records: u64,
+}
+
+impl Broker {
+    pub(crate) async fn propose_meta(
+        &self,
+        command: MetaCommand,
+    ) -> Result<MetaResponse, LogError> {
+        self.meta.propose(command).await?.map_err(map_meta_error)
+    }
+
+    pub async fn create_topic(
+        &self,
+        name: &str,
+        initial_ranges: Option<u32>,
+    ) -> Result<u64, LogError> {
+        let command = MetaCommand::CreateTopic(CreateTopic {
+            name: name.to_string(),
+            now_ms: self.clock.now_ms(),
+            initial_ranges,
+            segment_roll: SegmentRoll::default(),
+            replicas: vec![self.node_id],
+        });
+        let MetaResponse::TopicCreated { topic_id, ranges } = self.propose_meta(command).await?
+        else {
+            unreachable!("create_topic answers TopicCreated");
+        };
+        for (range_id, segment_id) in ranges {
+            self.data.create(SegmentKey { topic_id, range_id, segment_id })?;
+        }
+        Ok(topic_id)
+    }
+
+    /// Deletes a topic: metadata first (the name is free at once, a re-created topic gets a new
+    /// id), then the files, then metadata hears the files are gone.
+    pub async fn delete_topic(&self, name: &str) -> Result<(), LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let response = self.propose_meta(MetaCommand::DeleteTopic { name: name.into() }).await?;
+        let MetaResponse::TopicDeleted { topic_id, .. } = response else {
+            unreachable!("delete_topic answers TopicDeleted");
+        };
+        self.notifier.forget(topic_id);
+        self.reclaim().await
+    }
+
+    /// Deletes the files of segments metadata no longer lists, then acknowledges them.
+    pub(crate) async fn reclaim(&self) -> Result<(), LogError> {
+        let pending: Vec<(u64, SegmentKey)> = self.meta.read(|meta| {
+            meta.0
+                .pending_reclaim()
+                .iter()
+                .map(|(&segment_id, entry)| {
+                    (
+                        segment_id,
+                        SegmentKey {
+                            topic_id: entry.topic_id,
+                            range_id: entry.range_id,
+                            segment_id,
+                        },
+                    )
+                })
+                .collect()
+        });
+        if pending.is_empty() {
+            return Ok(());
+        }
+        for (_, key) in &pending {
+            self.data.remove(*key)?;
+        }
+        let segment_ids = pending.into_iter().map(|(segment_id, _)| segment_id).collect();
+        self.propose_meta(MetaCommand::ReclaimDone { segment_ids }).await?;
+        Ok(())
+    }
+
+    pub fn describe_topic(&self, name: &str) -> Result<TopicInfo, LogError> {
+        self.meta.read(|meta| {
+            let topic = meta.0.topic_by_name(name).ok_or(LogError::NoSuchTopic)?;
+            let ranges = topic
+                .ranges
+                .values()
+                .map(|range| {
+                    let segments = meta.0.range_segments(topic.topic_id, range.range_id);
+                    let records = segments
+                        .iter()
+                        .map(|segment| match segment.sealed_length() {
+                            Some((end_offset, _)) => end_offset,
+                            None => self.active_durable_end(
+                                topic.topic_id,
+                                range.range_id,
+                                segment.segment_id,
+                            ),
+                        })
+                        .sum();
+                    RangeInfo {
+                        range_id: range.range_id,
+                        start: range.extent.start,
+                        end_inclusive: range.extent.end_inclusive,
+                        active: range.is_active(),
+                        parents: range.parents.clone(),
+                        children: range.children.clone(),
+                        segments: segments.len() as u32,
+                        records,
+                        expired_records: range.expired_records,
+                    }
+                })
+                .collect();
+            Ok(TopicInfo {
+                name: topic.name.clone(),
+                topic_id: topic.topic_id,
+                created_ms: topic.created_ms,
+                policy: topic.policy.clone(),
+                ranges,
+            })
+        })
+    }
+
+    pub fn list_topics(&self) -> Vec<String> {
+        self.meta.read(|meta| meta.0.topics().map(|topic| topic.name.clone()).collect())
+    }
+
+    /// Records durable in an active segment (0 if its file cannot be opened).
+    pub(crate) fn active_durable_end(&self, topic_id: u64, range_id: u32, segment_id: u64) -> u64 {
+        self.data
+            .get(SegmentKey { topic_id, range_id, segment_id })
+            .map(|segment| segment.durable_offset())
+            .unwrap_or(0)
+    }
+
+    /// Seals a range's write head in the data plane and returns the report metadata records.
+    async fn fence(&self, topic_id: u64, range_id: u32) -> Result<SealReport, LogError> {
+        let segment_id = self
+            .meta
+            .read(|meta| {
+                let topic = meta.0.topic(topic_id)?;
+                topic.ranges.get(&range_id)?.active_segment_id()
+            })
+            .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))?;
+        let segment = self.data.get(SegmentKey { topic_id, range_id, segment_id })?;
+        let info = crate::data::seal(segment).await.map_err(|error| LogError::Storage {
+            reason: "unfenced",
+            detail: format!("the write head of range {range_id} could not be sealed: {error}"),
+        })?;
+        Ok(SealReport { segment_id, end_offset: info.end_offset, data_bytes: info.data_bytes })
+    }
+
+    /// Rolls a range's active segment: seal it, record the end, open the next one.
+    pub async fn roll(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        self.roll_locked(topic_id, range_id).await
+    }
+
+    async fn roll_locked(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
+        let seal = self.fence(topic_id, range_id).await?;
+        self.record_roll(topic_id, range_id, seal).await
+    }
+
+    async fn record_roll(
+        &self,
+        topic_id: u64,
+        range_id: u32,
+        seal: SealReport,
+    ) -> Result<(), LogError> {
+        let command = MetaCommand::RollSegment(RollSegment {
+            topic_id,
+            range_id,
+            seal,
+            now_ms: self.clock.now_ms(),
+            replicas: vec![self.node_id],
+        });
+        let MetaResponse::SegmentRolled { segment_id, .. } = self.propose_meta(command).await?
+        else {
+            unreachable!("roll answers SegmentRolled");
+        };
+        self.data.create(SegmentKey { topic_id, range_id, segment_id })?;
+        Ok(())
+    }
+
+    /// A produce found `segment_id` sealed while metadata still calls it the head of `range_id`:
+    /// an earlier roll, split or merge sealed it and stopped (a crash, a refused command).
+    /// Completes it as a roll, so the range takes writes again.
+    pub(crate) async fn heal_sealed_head(
+        &self,
+        topic_id: u64,
+        range_id: u32,
+        segment_id: u64,
+    ) -> Result<(), LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let still_head = self.meta.read(|meta| {
+            meta.0
+                .topic(topic_id)
+                .and_then(|topic| topic.ranges.get(&range_id))
+                .and_then(|range| range.active_segment_id())
+                == Some(segment_id)
+        });
+        if !still_head {
+            return Ok(());
+        }
+        let segment = self.data.get(SegmentKey { topic_id, range_id, segment_id })?;
+        let Some(info) = segment.status().sealed else {
+            return Ok(());
+        };
+        let seal =
+            SealReport { segment_id, end_offset: info.end_offset, data_bytes: info.data_bytes };
+        self.record_roll(topic_id, range_id, seal).await
+    }
+
+    /// Splits a range at its midpoint behind the seal-first fence. Returns the children.
+    pub async fn split(&self, topic: &str, range_id: u32) -> Result<[u32; 2], LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let topic_id = self.topic_id(topic)?;
+        self.split_locked(topic_id, range_id).await
+    }
+
+    pub(crate) async fn split_locked(
+        &self,
+        topic_id: u64,
+        range_id: u32,
+    ) -> Result<[u32; 2], LogError> {
+        let seal = self.fence(topic_id, range_id).await?;
+        let command = MetaCommand::SplitRange(SplitRange {
+            topic_id,
+            range_id,
+            seal: Some(seal),
+            now_ms: self.clock.now_ms(),
+            child_replicas: [vec![self.node_id], vec![self.node_id]],
+        });
+        match self.propose_meta(command).await {
+            Ok(MetaResponse::RangeSplit { children, child_segment_ids, .. }) => {
+                for (child, segment_id) in children.into_iter().zip(child_segment_ids) {
+                    self.data.create(SegmentKey { topic_id, range_id: child, segment_id })?;
+                }
+                self.mark_reshaped(topic_id);
+                Ok(children)
+            }
+            Ok(other) => unreachable!("split answered {other:?}"),
+            Err(refused) => {
+                // The head is fenced but the split was refused (a limit): roll, so the range
+                // keeps taking writes, and report the refusal.
+                self.record_roll(topic_id, range_id, seal).await?;
+                Err(refused)
+            }
+        }
+    }
+
+    /// Merges two active buddy ranges behind the seal-first fence of both. Returns the new range.
+    pub async fn merge(&self, topic: &str, left: u32, right: u32) -> Result<u32, LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let topic_id = self.topic_id(topic)?;
+        self.merge_locked(topic_id, left, right).await
+    }
+
+    pub(crate) async fn merge_locked(
+        &self,
+        topic_id: u64,
+        left: u32,
+        right: u32,
+    ) -> Result<u32, LogError> {
+        self.check_buddies(topic_id, left, right)?;
+        let left_seal = self.fence(topic_id, left).await?;
+        let right_seal = match self.fence(topic_id, right).await {
+            Ok(seal) => seal,
+            Err(error) => {
+                self.record_roll(topic_id, left, left_seal).await?;
+                return Err(error);
+            }
+        };
+        let command = MetaCommand::MergeRanges(MergeRanges {
+            topic_id,
+            range_ids: [left, right],
+            seals: [Some(left_seal), Some(right_seal)],
+            now_ms: self.clock.now_ms(),
+            replicas: vec![self.node_id],
+        });
+        match self.propose_meta(command).await {
+            Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
+                self.data.create(SegmentKey { topic_id, range_id, segment_id })?;
+                self.mark_reshaped(topic_id);
+                Ok(range_id)
+            }
+            Ok(other) => unreachable!("merge answered {other:?}"),
+            Err(refused) => {
+                self.record_roll(topic_id, left, left_seal).await?;
+                self.record_roll(topic_id, right, right_seal).await?;
+                Err(refused)
+            }
+        }
+    }
+
+    /// Refuses a merge of non-buddies before fencing anything.
+    fn check_buddies(&self, topic_id: u64, left: u32, right: u32) -> Result<(), LogError> {
+        self.meta.read(|meta| {
+            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+            let extent = |range_id: u32| {
+                topic
+                    .ranges
+                    .get(&range_id)
+                    .filter(|range| range.is_active())
+                    .map(|range| range.extent)
+                    .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))
+            };
+            let (low, high) = (extent(left)?, extent(right)?);
+            if low.buddy() == Some(high) {
+                Ok(())
+            } else {
+                Err(LogError::Meta(MetaError::Range(RangeError::NotBuddies {
+                    first: left,
+                    second: right,
+                })))
+            }
+        })
+    }
+
+    fn mark_reshaped(&self, topic_id: u64) {
+        let now_ms = self.clock.now_ms();
+        self.last_reshape_ms.lock().expect("reshape clock lock poisoned").insert(topic_id, now_ms);
+    }
+
+    pub(crate) fn topic_id(&self, name: &str) -> Result<u64, LogError> {
+        self.meta
+            .read(|meta| meta.0.topic_by_name(name).map(|topic| topic.topic_id))
+            .ok_or(LogError::NoSuchTopic)
+    }
+
+    /// One retention pass: expire what the bound policies allow, then delete the files.
+    pub async fn run_retention(&self) -> Result<u64, LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let now_ms = self.clock.now_ms();
+        let defaults = malachi_meta::RetentionDefaults {
+            max_age_ms: self.config.retention_max_age_ms,
+            max_bytes: self.config.retention_max_bytes,
+            unresolved_policy_max_age_ms: self.config.retention_unresolved_policy_max_age_ms,
+        };
+        let plan: Vec<SegmentRef> = self.meta.read(|meta| meta.0.retention_plan(now_ms, &defaults));
+        if plan.is_empty() {
+            return Ok(0);
+        }
+        let response = self.propose_meta(MetaCommand::ExpireSegments { segments: plan }).await?;
+        let MetaResponse::SegmentsExpired { expired_records, .. } = response else {
+            unreachable!("expire answers SegmentsExpired");
+        };
+        self.reclaim().await?;
+        Ok(expired_records)
+    }
+}
+
+pub(crate) fn map_meta_error(error: MetaError) -> LogError {
+    match error {
+        MetaError::Topic(TopicError::NoSuchTopic) => LogError::NoSuchTopic,
+        MetaError::Topic(TopicError::InvalidTopicName) => LogError::InvalidTopicName,
+        MetaError::Topic(TopicError::AlreadyExists) => LogError::AlreadyExists,
+        other => LogError::Meta(other),
+    }
+}
