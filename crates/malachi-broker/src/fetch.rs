@@ -33,6 +33,8 @@ pub struct FetchArgs<'a> {
     pub member: Option<&'a str>,
     pub max: u32,
     pub wait_ms: u32,
+    /// A cap on the whole page (a subscription's remaining credit); `None` is per range only.
+    pub total_max: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -87,7 +89,8 @@ impl Broker {
                 .meta
                 .read(|meta| meta.0.topic(topic.topic_id).cloned())
                 .ok_or(LogError::NoSuchTopic)?;
-            let (records, skipped) = self.read_frontier(&topic, &mut frontier, max).await?;
+            let (records, skipped) =
+                self.read_frontier(&topic, &mut frontier, max, args.total_max).await?;
             let waited_out = tokio::time::Instant::now() >= deadline;
             if !records.is_empty() || wait_ms == 0 || waited_out {
                 let cursor = Cursor { topic_id: topic.topic_id, positions: frontier };
@@ -152,7 +155,9 @@ impl Broker {
         topic: &Topic,
         frontier: &mut Frontier,
         max: u32,
+        total_max: Option<u32>,
     ) -> Result<(Vec<Record>, u64), LogError> {
+        let mut total_left = total_max.unwrap_or(u32::MAX);
         let mut records = Vec::new();
         let mut skipped = 0;
         let mut budget = PAGE_RECORD_BYTES_MAX;
@@ -168,12 +173,17 @@ impl Broker {
                     _ => None,
                 })
                 .collect();
-            if unread.is_empty() || budget == 0 {
+            if unread.is_empty() || budget == 0 || total_left == 0 {
                 return Ok((records, skipped));
             }
             for (range_id, offset) in unread {
+                if total_left == 0 {
+                    break;
+                }
                 visited.insert(range_id);
-                let read = self.read_range(topic, range_id, offset, max, budget).await?;
+                let read =
+                    self.read_range(topic, range_id, offset, max.min(total_left), budget).await?;
+                total_left -= read.records.len() as u32;
                 budget = budget.saturating_sub(read.wire_bytes);
                 skipped += read.skipped;
                 records.extend(read.records);

@@ -125,6 +125,17 @@ impl Broker {
         Ok(())
     }
 
+    /// Keeps a subscribed member alive between fetches.
+    pub fn heartbeat_member(&self, topic: &str, group: &str, member: &str) {
+        if let Ok(topic_id) = self.topic_id(topic) {
+            let now_ms = self.clock.now_ms();
+            self.members
+                .lock()
+                .expect("members lock poisoned")
+                .heartbeat(topic_id, group, member, now_ms);
+        }
+    }
+
     /// Removes a member at once, so the others take over its ranges on their next fetch.
     pub fn leave_group(&self, topic: &str, group: &str, member: &str) {
         if let Ok(topic_id) = self.topic_id(topic) {

@@ -11,6 +11,7 @@ pub mod frontier;
 pub mod groups;
 pub mod load;
 pub mod machines;
+pub mod maintenance;
 pub mod node;
 pub mod notify;
 pub mod produce;

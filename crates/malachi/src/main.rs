@@ -3,6 +3,8 @@
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
 mod bench;
+mod cli;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -17,15 +19,21 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a broker (single node, data on local disk; no configuration needed).
+    Serve(serve::ServeArgs),
     /// Measure Malachi against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    #[command(flatten)]
+    Client(cli::ClientCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Bench(command) => bench::run(command),
+        Command::Client(command) => cli::run(command),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

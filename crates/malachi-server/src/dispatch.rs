@@ -1,0 +1,338 @@
+//! Request handlers: one arm per api key, each checking its permission and calling the log API
+//! or the administrative machine. Every refusal is a wire reason.
+
+use bytes::Bytes;
+use malachi_broker::fetch::FetchArgs;
+use malachi_broker::node::hash_off_thread;
+use malachi_meta::{
+    AdminCommand, AdminError, MetaCommand, Operation, PolicyDefaults, RetentionDefaults,
+};
+use malachi_wire::messages::{
+    AclEntry, AclRequest, Broker as WireBroker, BrokerStatus, ClusterStateResponse,
+    CreateUserRequest, Empty, FetchRequest, FetchResponse, ListAclsResponse, ListPoliciesResponse,
+    ListUsersResponse, ListUsersWithRolesResponse, NamedPolicy, ProduceRequest, ProduceResponse,
+    UserPermissions, UserWithRole,
+};
+use malachi_wire::{ApiKey, Reason, Request, Response};
+
+use crate::connection::{Connection, Outcome};
+use crate::convert::{self, text, text_bytes};
+
+/// Keys 25-34 (producer streams, consumer streams, wire groups) are behind the original's
+/// `producer_streams` flag, which is off: they answer `unsupported`.
+pub fn is_stream_key(key: ApiKey) -> bool {
+    (25..=34).contains(&key.as_u16())
+}
+
+pub(crate) async fn dispatch(connection: &mut Connection, corr: u32, request: Request) -> Outcome {
+    match request {
+        Request::CreateTopic(request) => create_topic(connection, corr, request.topic).await,
+        Request::Produce(request) => produce(connection, corr, request).await,
+        Request::Fetch(request) => fetch(connection, corr, request).await,
+        Request::Commit(request) => commit(connection, corr, request).await,
+        Request::Subscribe(request) => crate::subscription::open(connection, corr, request),
+        Request::LeaveGroup(request) => {
+            let (topic, group, member) =
+                (text(&request.topic), text(&request.group), text(&request.member));
+            if let Some(topic) = &topic
+                && !connection.permitted(Operation::Consume, topic)
+            {
+                return Connection::refuse(corr, Reason::PermissionDenied.as_str());
+            }
+            if let (Some(topic), Some(group), Some(member)) = (topic, group, member) {
+                connection.broker.leave_group(&topic, &group, &member);
+            }
+            Connection::reply(corr, Response::LeaveGroup(Empty))
+        }
+        Request::ClusterState(_) => cluster_state(connection, corr),
+        other => admin(connection, corr, other).await,
+    }
+}
+
+async fn create_topic(connection: &mut Connection, corr: u32, topic: Option<Bytes>) -> Outcome {
+    let Some(topic) = text(&topic) else {
+        return Connection::refuse(corr, Reason::InvalidTopicName.as_str());
+    };
+    if !connection.permitted(Operation::Produce, &topic) {
+        return Connection::refuse(corr, Reason::PermissionDenied.as_str());
+    }
+    // The original ignores keyspace_bits and creates one range (wire-protocol.md section 7.1).
+    match connection.broker.create_topic(&topic, None).await {
+        Ok(_) => Connection::reply(corr, Response::CreateTopic(Empty)),
+        Err(error) => Connection::refuse(corr, error.reason()),
+    }
+}
+
+async fn produce(connection: &mut Connection, corr: u32, request: ProduceRequest) -> Outcome {
+    let Some(topic) = text(&request.topic) else {
+        return Connection::refuse(corr, Reason::NoSuchTopic.as_str());
+    };
+    if !connection.permitted(Operation::Produce, &topic) {
+        return Connection::refuse(corr, Reason::PermissionDenied.as_str());
+    }
+    let records = request.records.into_iter().map(convert::record_from_wire).collect();
+    match connection.broker.produce(&topic, records, &mut connection.spread).await {
+        Ok(count) => Connection::reply(corr, Response::Produce(ProduceResponse { count })),
+        Err(error) => Connection::refuse(corr, error.reason()),
+    }
+}
+
+async fn fetch(connection: &mut Connection, corr: u32, request: FetchRequest) -> Outcome {
+    let Some(topic) = text(&request.topic) else {
+        return Connection::reply(corr, Response::Fetch(FetchResponse::default()));
+    };
+    if !connection.permitted(Operation::Consume, &topic) {
+        return Connection::refuse(corr, Reason::PermissionDenied.as_str());
+    }
+    let (group, member) = (text(&request.group), text(&request.member));
+    let args = FetchArgs {
+        topic: &topic,
+        cursor: request.cursor.as_deref(),
+        group: group.as_deref(),
+        member: member.as_deref(),
+        max: request.max_records,
+        wait_ms: request.wait_ms,
+        total_max: None,
+    };
+    match connection.broker.fetch(&args).await {
+        Ok(page) => Connection::reply(corr, Response::Fetch(page_to_wire(page))),
+        Err(error) => Connection::refuse(corr, error.reason()),
+    }
+}
+
+pub(crate) fn page_to_wire(page: malachi_broker::fetch::FetchPage) -> FetchResponse {
+    FetchResponse {
+        records: page.records.into_iter().map(convert::record_to_wire).collect(),
+        next_cursor: Bytes::from(page.next_cursor),
+    }
+}
+
+async fn commit(
+    connection: &mut Connection,
+    corr: u32,
+    request: malachi_wire::messages::CommitRequest,
+) -> Outcome {
+    let (Some(topic), Some(group)) = (text(&request.topic), text(&request.group)) else {
+        return Connection::refuse(corr, Reason::MalformedRequest.as_str());
+    };
+    if !connection.permitted(Operation::Consume, &topic) {
+        return Connection::refuse(corr, Reason::PermissionDenied.as_str());
+    }
+    match connection.broker.commit(&topic, &group, request.cursor.as_deref()).await {
+        Ok(()) => Connection::reply(corr, Response::Commit(Empty)),
+        Err(error) => Connection::refuse(corr, error.reason()),
+    }
+}
+
+fn cluster_state(connection: &Connection, corr: u32) -> Outcome {
+    let config = connection.broker.config();
+    let version = connection.broker.meta_group().read(|meta| meta.0.version());
+    let broker = WireBroker {
+        id: text_bytes(&connection.broker.node_id().to_string()),
+        host: text_bytes(&config.bind_address),
+        port: config.tcp_port,
+        status: BrokerStatus::Alive,
+    };
+    let response = ClusterStateResponse {
+        version,
+        streams_enabled: false,
+        brokers: vec![broker],
+        vnodes: vec![1],
+    };
+    Connection::reply(corr, Response::ClusterState(response))
+}
+
+/// Keys 8-11 and 14-23; the caller already checked `admin`.
+async fn admin(connection: &mut Connection, corr: u32, request: Request) -> Outcome {
+    let outcome = match request {
+        Request::CreateUser(request) => create_user(connection, request).await,
+        Request::DeleteUser(request) => {
+            let username = text(&request.username).unwrap_or_default();
+            admin_command(connection, AdminCommand::DeleteUser { username })
+                .await
+                .map(|()| Response::DeleteUser(Empty))
+        }
+        Request::ChangePassword(request) => change_password(connection, request).await,
+        Request::ListUsers(_) => Ok(list_users(connection)),
+        Request::GrantAcl(request) => {
+            let command = acl_command(&request, true);
+            admin_command(connection, command).await.map(|()| Response::GrantAcl(Empty))
+        }
+        Request::RevokeAcl(request) => {
+            let command = acl_command(&request, false);
+            admin_command(connection, command).await.map(|()| Response::RevokeAcl(Empty))
+        }
+        Request::ListAcls(request) => {
+            Ok(list_acls(connection, &text(&request.username).unwrap_or_default()))
+        }
+        Request::SetRole(request) => {
+            let command = AdminCommand::SetRole {
+                username: text(&request.username).unwrap_or_default(),
+                role: text(&request.role),
+            };
+            admin_command(connection, command).await.map(|()| Response::SetRole(Empty))
+        }
+        Request::ListUsersWithRoles(_) => Ok(list_users_with_roles(connection)),
+        other => crate::policies::handle(connection, other).await,
+    };
+    match outcome {
+        Ok(response) => Connection::reply(corr, response),
+        Err(reason) => Connection::refuse(corr, reason),
+    }
+}
+
+async fn admin_command(connection: &Connection, command: AdminCommand) -> Result<(), String> {
+    match connection.broker.admin_group().propose(command).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(error.reason()),
+        Err(_) => Err(Reason::PersistFailed.as_str().to_string()),
+    }
+}
+
+async fn create_user(
+    connection: &Connection,
+    request: CreateUserRequest,
+) -> Result<Response, String> {
+    let (Some(username), Some(password)) = (text(&request.username), text(&request.password))
+    else {
+        return Err(Reason::MalformedRequest.as_str().into());
+    };
+    let Some(permissions) = request.permissions.iter().map(text).collect::<Option<Vec<String>>>()
+    else {
+        return Err(AdminError::InvalidPermissions.reason());
+    };
+    let entropy = std::sync::Arc::clone(connection.broker.entropy());
+    let password_hash = hash_off_thread(password, entropy).await;
+    let command = AdminCommand::CreateUser { username, password_hash, permissions, role: None };
+    admin_command(connection, command).await.map(|()| Response::CreateUser(Empty))
+}
+
+async fn change_password(
+    connection: &Connection,
+    request: malachi_wire::messages::ChangePasswordRequest,
+) -> Result<Response, String> {
+    let (Some(username), Some(password)) = (text(&request.username), text(&request.new_password))
+    else {
+        return Err(Reason::MalformedRequest.as_str().into());
+    };
+    let entropy = std::sync::Arc::clone(connection.broker.entropy());
+    let password_hash = hash_off_thread(password, entropy).await;
+    admin_command(connection, AdminCommand::ChangePassword { username, password_hash })
+        .await
+        .map(|()| Response::ChangePassword(Empty))
+}
+
+fn acl_command(request: &AclRequest, grant: bool) -> AdminCommand {
+    let username = text(&request.username).unwrap_or_default();
+    let operation = text(&request.operation).unwrap_or_default();
+    let pattern = text(&request.pattern).unwrap_or_default();
+    if grant {
+        AdminCommand::GrantAcl { username, operation, pattern }
+    } else {
+        AdminCommand::RevokeAcl { username, operation, pattern }
+    }
+}
+
+fn permission_names(permissions: &[malachi_meta::Permission]) -> Vec<Option<Bytes>> {
+    permissions.iter().map(|permission| text_bytes(permission_name(*permission))).collect()
+}
+
+fn permission_name(permission: malachi_meta::Permission) -> &'static str {
+    match permission {
+        malachi_meta::Permission::Admin => "admin",
+        malachi_meta::Permission::Produce => "produce",
+        malachi_meta::Permission::Consume => "consume",
+    }
+}
+
+fn list_users(connection: &Connection) -> Response {
+    let users = connection.broker.admin_group().read(|admin| {
+        admin
+            .0
+            .list_users()
+            .into_iter()
+            .map(|(name, permissions)| UserPermissions {
+                username: text_bytes(name),
+                permissions: permission_names(&permissions),
+            })
+            .collect()
+    });
+    Response::ListUsers(ListUsersResponse { users })
+}
+
+fn list_users_with_roles(connection: &Connection) -> Response {
+    let users = connection.broker.admin_group().read(|admin| {
+        admin
+            .0
+            .list_users_with_roles()
+            .into_iter()
+            .map(|(name, permissions, role)| UserWithRole {
+                username: text_bytes(name),
+                permissions: permission_names(&permissions),
+                role: text_bytes(match role {
+                    Some(malachi_meta::Role::Viewer) => "viewer",
+                    Some(malachi_meta::Role::Editor) => "editor",
+                    Some(malachi_meta::Role::Admin) => "admin",
+                    None => "none",
+                }),
+            })
+            .collect()
+    });
+    Response::ListUsersWithRoles(ListUsersWithRolesResponse { users })
+}
+
+fn list_acls(connection: &Connection, username: &str) -> Response {
+    let acls = connection.broker.admin_group().read(|admin| {
+        admin
+            .0
+            .list_acls(username)
+            .into_iter()
+            .map(|(operation, pattern)| AclEntry {
+                operation: text_bytes(match operation {
+                    Operation::Produce => "produce",
+                    Operation::Consume => "consume",
+                }),
+                resource: text_bytes(pattern),
+            })
+            .collect()
+    });
+    Response::ListAcls(ListAclsResponse { acls })
+}
+
+/// The defaults `get_topic_policy` reports as global values.
+pub(crate) fn policy_defaults(connection: &Connection) -> PolicyDefaults {
+    let config = connection.broker.config();
+    PolicyDefaults {
+        retention: RetentionDefaults {
+            max_age_ms: config.retention_max_age_ms,
+            max_bytes: config.retention_max_bytes,
+            unresolved_policy_max_age_ms: config.retention_unresolved_policy_max_age_ms,
+        },
+        spread_by: None,
+    }
+}
+
+pub(crate) async fn meta_command(
+    connection: &Connection,
+    command: MetaCommand,
+) -> Result<malachi_meta::MetaResponse, String> {
+    match connection.broker.meta_group().propose(command).await {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(error)) => Err(error.reason()),
+        Err(_) => Err(Reason::MetadataUnavailable.as_str().to_string()),
+    }
+}
+
+pub(crate) fn list_policies(connection: &Connection) -> Response {
+    let policies = connection.broker.meta_group().read(|meta| {
+        meta.0
+            .list_policies()
+            .into_iter()
+            .map(|(name, definition)| NamedPolicy {
+                name: text_bytes(name),
+                fields: convert::policy_fields_to_wire(&definition.to_fields()),
+            })
+            .collect()
+    });
+    Response::ListPolicies(ListPoliciesResponse { policies })
+}

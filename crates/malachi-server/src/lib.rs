@@ -1,0 +1,95 @@
+//! Malachi's client-protocol server: accepts TCP connections on the client port, runs each
+//! connection through the phases of the wire protocol (auth, requests, subscription), checks
+//! permissions, and calls the log API. It owns sessions and connection limits; it never touches
+//! storage or metadata except through `malachi-broker`.
+
+mod auth;
+mod connection;
+mod convert;
+mod dispatch;
+mod limits;
+mod policies;
+mod subscription;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use malachi_broker::auth::AuthRateLimiter;
+use malachi_broker::node::Broker;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use limits::ConnectionLimits;
+
+/// State every connection of one server shares.
+#[derive(Debug)]
+pub struct ServerShared {
+    pub limits: Arc<ConnectionLimits>,
+    pub auth_rate: Mutex<AuthRateLimiter>,
+    pub max_frame_bytes: u32,
+    pub send_timeout: Duration,
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    listener: TcpListener,
+    broker: Arc<Broker>,
+    shared: Arc<ServerShared>,
+}
+
+impl Server {
+    /// Binds the client port of `broker`'s configuration (port 0 picks a free one).
+    pub async fn bind(broker: Arc<Broker>) -> std::io::Result<Server> {
+        let config = broker.config();
+        let listener = TcpListener::bind((config.bind_address.as_str(), config.tcp_port)).await?;
+        let shared = Arc::new(ServerShared {
+            limits: ConnectionLimits::new(
+                config.connection_limit_enabled,
+                config.max_conn_per_ip,
+                config.max_total_conn,
+            ),
+            auth_rate: Mutex::new(AuthRateLimiter::new(
+                config.auth_rate_limit,
+                config.auth_rate_window_ms,
+            )),
+            max_frame_bytes: config.max_frame_bytes,
+            send_timeout: Duration::from_millis(config.tcp_send_timeout_ms),
+        });
+        Ok(Server { listener, broker, shared })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts connections until `shutdown` turns true, then waits up to the configured grace
+    /// for open connections to finish.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let broker = Arc::clone(&self.broker);
+                        let shared = Arc::clone(&self.shared);
+                        connections.spawn(connection::serve(stream, peer, broker, shared));
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                _ = shutdown.changed() => break,
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+        let grace = Duration::from_millis(self.broker.config().shutdown_grace_ms);
+        let drained =
+            tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} })
+                .await;
+        if drained.is_err() {
+            connections.abort_all();
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Connection limits: per client address and in total (`MALACHI_MAX_CONN_PER_IP`,
+//! `MALACHI_MAX_TOTAL_CONN`). A slot is held by a guard and released when the connection ends.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use malachi_wire::Reason;
+
+#[derive(Debug)]
+pub struct ConnectionLimits {
+    enabled: bool,
+    per_ip_max: u32,
+    total_max: u32,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: u32,
+    per_ip: BTreeMap<IpAddr, u32>,
+}
+
+/// A held connection slot.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    limits: Arc<ConnectionLimits>,
+    ip: IpAddr,
+}
+
+impl ConnectionLimits {
+    pub fn new(enabled: bool, per_ip_max: u32, total_max: u32) -> Arc<ConnectionLimits> {
+        Arc::new(ConnectionLimits { enabled, per_ip_max, total_max, counts: Mutex::default() })
+    }
+
+    /// Takes a slot for a connection from `ip`, or names the limit it would break.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ConnectionSlot, Reason> {
+        let mut counts = self.counts.lock().expect("limits lock poisoned");
+        if self.enabled {
+            if counts.total >= self.total_max {
+                return Err(Reason::GlobalLimitExceeded);
+            }
+            if counts.per_ip.get(&ip).copied().unwrap_or(0) >= self.per_ip_max {
+                return Err(Reason::ConnectionLimitExceeded);
+            }
+        }
+        counts.total += 1;
+        *counts.per_ip.entry(ip).or_insert(0) += 1;
+        Ok(ConnectionSlot { limits: Arc::clone(self), ip })
+    }
+
+    pub fn open_connections(&self) -> u32 {
+        self.counts.lock().expect("limits lock poisoned").total
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut counts = self.limits.counts.lock().expect("limits lock poisoned");
+        counts.total -= 1;
+        if let Some(count) = counts.per_ip.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                counts.per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_per_address_and_in_total() {
+        let limits = ConnectionLimits::new(true, 2, 3);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = limits.admit(a).unwrap();
+        let _second = limits.admit(a).unwrap();
+        assert_eq!(limits.admit(a).unwrap_err(), Reason::ConnectionLimitExceeded);
+        let _third = limits.admit(b).unwrap();
+        assert_eq!(limits.admit(b).unwrap_err(), Reason::GlobalLimitExceeded);
+        drop(first);
+        assert!(limits.admit(a).is_ok(), "a closed connection frees its slot");
+        let disabled = ConnectionLimits::new(false, 0, 0);
+        assert!(disabled.admit(a).is_ok());
+    }
+}
