@@ -1,0 +1,222 @@
+//! The protocol over a real socket: auth rules, limits, permissions, malformed input,
+//! subscriptions.
+
+mod harness;
+
+use bytes::Bytes;
+use harness::{WireClient, auth, reason, start, text};
+use malachi_wire::messages::{
+    AclRequest, CreateTopicRequest, FetchRequest, ProduceRequest, StreamAckRequest,
+    SubscribeRequest,
+};
+use malachi_wire::{Expect, Record, Request, Response, ResponseBody};
+use proptest::prelude::*;
+
+fn produce(topic: &str, values: &[&str]) -> Request {
+    let records = values
+        .iter()
+        .map(|value| Record {
+            key: text(value),
+            value: Bytes::from(value.to_string()),
+            timestamp_ms: 1,
+            headers: vec![],
+        })
+        .collect();
+    Request::Produce(ProduceRequest { topic: text(topic), records })
+}
+
+fn create(topic: &str) -> Request {
+    Request::CreateTopic(CreateTopicRequest { topic: text(topic), keyspace_bits: 8 })
+}
+
+fn fetch(topic: &str, cursor: Option<Bytes>) -> Request {
+    Request::Fetch(FetchRequest {
+        topic: text(topic),
+        cursor,
+        group: None,
+        member: None,
+        max_records: 100,
+        wait_ms: 0,
+    })
+}
+
+fn fetched(frame: &malachi_wire::ResponseFrame) -> (usize, Bytes) {
+    match &frame.body {
+        ResponseBody::Ok(Response::Fetch(page)) | ResponseBody::Ok(Response::Subscribe(page)) => {
+            (page.records.len(), page.next_cursor.clone())
+        }
+        other => panic!("expected a page, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_logins_are_indistinguishable_and_close_the_connection() {
+    let server = start(&[]).await;
+    for (user, password) in [("app", "wrong"), ("nobody", "app123")] {
+        let mut client = WireClient::connect(server.address).await;
+        let answer = client.call(auth(user, password)).await.unwrap();
+        assert_eq!(reason(&answer), "invalid_credentials", "{user}");
+        assert!(client.is_closed().await, "one attempt per connection");
+    }
+    let mut client = WireClient::connect(server.address).await;
+    let answer = client.call(create("orders")).await.unwrap();
+    assert_eq!((answer.corr, reason(&answer).as_str()), (1, "auth_required"));
+    assert!(client.is_closed().await);
+    let mut client = WireClient::connect(server.address).await;
+    client.send_raw(&[0, 0, 0, 3, 0, 2, 0]).await;
+    let answer = client.recv(Expect::Reply(malachi_wire::ApiKey::Auth)).await.unwrap();
+    assert_eq!((answer.corr, reason(&answer).as_str()), (0, "auth_required"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_rate_limit_and_lockout() {
+    let server = start(&[("AUTH_RATE_LIMIT", "3")]).await;
+    let mut reasons = Vec::new();
+    for _ in 0..4 {
+        let mut client = WireClient::connect(server.address).await;
+        reasons.push(reason(&client.call(auth("app", "wrong")).await.unwrap()));
+    }
+    assert_eq!(
+        reasons,
+        [
+            "invalid_credentials",
+            "invalid_credentials",
+            "invalid_credentials",
+            "rate_limit_exceeded"
+        ]
+    );
+
+    let server = start(&[("AUTH_RATE_LIMIT", "100")]).await;
+    for _ in 0..5 {
+        let mut client = WireClient::connect(server.address).await;
+        client.call(auth("app", "wrong")).await.unwrap();
+    }
+    let mut client = WireClient::connect(server.address).await;
+    let answer = client.call(auth("app", "app123")).await.unwrap();
+    assert_eq!(reason(&answer), "account_locked", "five failures lock even the right password out");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permissions_and_acls_are_enforced() {
+    let server = start(&[("ACL_STRICT", "true")]).await;
+    let mut consumer = WireClient::login(server.address, "consumer", "consumer123").await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    admin.call(create("orders")).await.unwrap();
+    assert_eq!(
+        reason(&consumer.call(produce("orders", &["a"])).await.unwrap()),
+        "permission_denied"
+    );
+    assert_eq!(
+        reason(&consumer.call(fetch("orders", None)).await.unwrap()),
+        "permission_denied",
+        "strict mode needs a grant"
+    );
+    let grant = Request::GrantAcl(AclRequest {
+        username: text("consumer"),
+        operation: text("consume"),
+        pattern: text("ord*"),
+    });
+    assert!(matches!(admin.call(grant).await.unwrap().body, ResponseBody::Ok(_)));
+    assert!(matches!(
+        consumer.call(fetch("orders", None)).await.unwrap().body,
+        ResponseBody::Ok(_)
+    ));
+    let list_users = Request::ListUsers(malachi_wire::messages::IgnoredPayload);
+    assert_eq!(reason(&consumer.call(list_users).await.unwrap()), "permission_denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_and_frame_limits() {
+    let server = start(&[("MAX_CONN_PER_IP", "2"), ("MAX_FRAME_SIZE", "4096")]).await;
+    let mut first = WireClient::login(server.address, "app", "app123").await;
+    let _second = WireClient::connect(server.address).await;
+    let mut third = WireClient::connect(server.address).await;
+    let refused = third.recv(Expect::Reply(malachi_wire::ApiKey::Auth)).await.unwrap();
+    assert_eq!((refused.corr, reason(&refused).as_str()), (0, "connection_limit_exceeded"));
+    // A frame of exactly the limit is read (and is malformed); one byte more closes.
+    let mut exact = vec![0u8; 4 + 4096];
+    exact[..4].copy_from_slice(&4096u32.to_be_bytes());
+    exact[4..6].copy_from_slice(&2u16.to_be_bytes());
+    first.send_raw(&exact).await;
+    let answer = first.recv(Expect::Reply(malachi_wire::ApiKey::Produce)).await.unwrap();
+    assert_eq!(reason(&answer), "malformed_request");
+    first.send_raw(&4097u32.to_be_bytes()).await;
+    let answer = first.recv(Expect::Reply(malachi_wire::ApiKey::Produce)).await.unwrap();
+    assert_eq!((answer.corr, reason(&answer).as_str()), (0, "frame_too_large"));
+    assert!(first.is_closed().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_push_within_their_credit() {
+    let server = start(&[]).await;
+    let mut producer = WireClient::login(server.address, "app", "app123").await;
+    producer.call(create("live")).await.unwrap();
+    producer.call(produce("live", &["a", "b", "c", "d", "e"])).await.unwrap();
+    let mut subscriber = WireClient::login(server.address, "app", "app123").await;
+    let subscribe = Request::Subscribe(SubscribeRequest {
+        topic: text("live"),
+        group: text("g"),
+        member: None,
+        window_records: 2,
+        max_records: 10,
+    });
+    let corr = subscriber.send(subscribe).await;
+    let push = subscriber.recv(Expect::Reply(malachi_wire::ApiKey::Subscribe)).await.unwrap();
+    assert_eq!(push.corr, corr);
+    let (count, cursor) = fetched(&push);
+    assert_eq!(count, 2, "a push never exceeds the window");
+    // Anything but stream_ack is unexpected; the subscription continues.
+    let other = subscriber.send(fetch("live", None)).await;
+    let answer = subscriber.recv(Expect::Reply(malachi_wire::ApiKey::Fetch)).await.unwrap();
+    assert_eq!((answer.corr, reason(&answer).as_str()), (other, "unexpected_frame"));
+    let ack = Request::StreamAck(StreamAckRequest {
+        topic: text("live"),
+        group: text("g"),
+        member: None,
+        cursor: Some(cursor),
+        count: 2,
+    });
+    subscriber.send(ack).await;
+    let (count, _) =
+        fetched(&subscriber.recv(Expect::Reply(malachi_wire::ApiKey::Subscribe)).await.unwrap());
+    assert_eq!(count, 2, "credit returned by the ack");
+    producer.call(produce("live", &["f"])).await.unwrap();
+    // The acked position was committed for the group: a plain group fetch starts after it.
+    let group_fetch = Request::Fetch(FetchRequest {
+        topic: text("live"),
+        cursor: None,
+        group: text("g"),
+        member: None,
+        max_records: 100,
+        wait_ms: 0,
+    });
+    let (remaining, _) = fetched(&producer.call(group_fetch).await.unwrap());
+    assert_eq!(remaining, 4, "records c..f remain after the committed two");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random and truncated frames on an authenticated connection: the server answers or
+    /// closes, never dies, and a well-formed client is served afterwards.
+    #[test]
+    fn garbage_never_hurts_the_server(garbage in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 1..6)) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let server = start(&[]).await;
+            let mut client = WireClient::login(server.address, "app", "app123").await;
+            for body in &garbage {
+                let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+                frame.extend_from_slice(body);
+                client.send_raw(&frame).await;
+            }
+            // A truncated frame: the length promises more than ever arrives.
+            client.send_raw(&[0, 0, 0, 50, 0, 2]).await;
+            drop(client);
+            let mut healthy = WireClient::login(server.address, "app", "app123").await;
+            healthy.call(create("after")).await.unwrap();
+            let answer = healthy.call(produce("after", &["ok"])).await.unwrap();
+            assert!(matches!(answer.body, ResponseBody::Ok(Response::Produce(_))), "{answer:?}");
+        });
+    }
+}
