@@ -125,6 +125,16 @@ impl Broker {
         Ok(())
     }
 
+    /// The group's committed position as a cursor (the start of the topic if it never committed).
+    pub fn group_cursor(&self, topic: &str, group: &str) -> Result<String, LogError> {
+        let topic = self
+            .meta
+            .read(|meta| meta.0.topic_by_name(topic).cloned())
+            .ok_or(LogError::NoSuchTopic)?;
+        let positions = self.group_frontier(&topic, group);
+        Ok(self.cursors.encode(&crate::cursor::Cursor { topic_id: topic.topic_id, positions }))
+    }
+
     /// Keeps a subscribed member alive between fetches.
     pub fn heartbeat_member(&self, topic: &str, group: &str, member: &str) {
         if let Ok(topic_id) = self.topic_id(topic) {
