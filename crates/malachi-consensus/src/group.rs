@@ -1,0 +1,337 @@
+//! [`RaftGroup`]: one openraft group replicating a [`StateMachine`], and its [`GroupConfig`].
+//!
+//! The group owns the openraft handle; everything openraft-shaped (errors, metrics, requests)
+//! is translated here into [`ConsensusError`] and plain ids and indexes.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::sync::Weak;
+use std::time::Duration;
+
+use openraft::ServerState;
+use openraft::SnapshotPolicy;
+use openraft::error::ClientWriteError;
+use openraft::error::Fatal;
+use openraft::error::InitializeError;
+use openraft::error::RaftError;
+use openraft::metrics::WaitError;
+use openraft::type_config::TypeConfigExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::StateMachine;
+use crate::error::ConsensusError;
+use crate::error::StoreError;
+use crate::group_machine::Applied;
+use crate::group_machine::GroupMachine;
+use crate::group_machine::read_applied;
+use crate::log_store::GroupLog;
+use crate::network::GroupNetwork;
+use crate::network::GroupTransport;
+use crate::network::MessageKind;
+use crate::network::NoPeers;
+use crate::network::decode_snapshot;
+use crate::store::GroupStore;
+use crate::type_config::Command;
+use crate::type_config::Config;
+use crate::type_config::Raft;
+
+/// Tunables of one group. Times are openraft's, in milliseconds of its runtime's clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// Build a snapshot once this many entries were committed since the last one, then purge
+    /// the log up to it: the stored log of a group stays near this many entries.
+    pub snapshot_every_entries: u64,
+    /// How often a leader heartbeats its followers.
+    pub heartbeat_interval_ms: u64,
+    /// A follower that heard no leader for a random time in `[min, max)` starts an election.
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// How long [`RaftGroup::open`] waits for this node to lead and to have applied the log.
+    pub open_wait_ms: u64,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            snapshot_every_entries: 1024,
+            heartbeat_interval_ms: 50,
+            election_timeout_min_ms: 150,
+            election_timeout_max_ms: 300,
+            open_wait_ms: 10_000,
+        }
+    }
+}
+
+impl GroupConfig {
+    fn to_openraft(&self, group_id: u64) -> Result<openraft::Config, ConsensusError> {
+        if self.snapshot_every_entries == 0 {
+            return Err(ConsensusError::Config("snapshot_every_entries must be > 0".to_string()));
+        }
+        let config = openraft::Config {
+            cluster_name: format!("malachi-group-{group_id}"),
+            heartbeat_interval: self.heartbeat_interval_ms,
+            election_timeout_min: self.election_timeout_min_ms,
+            election_timeout_max: self.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(self.snapshot_every_entries),
+            // openraft keeps 1000 snapshotted entries by default; we purge all of them, so the
+            // stored log is bounded by `snapshot_every_entries` plus what is in flight.
+            max_in_snapshot_log_to_keep: 0,
+            purge_batch_size: 1,
+            ..openraft::Config::default()
+        };
+        config.validate().map_err(|error| ConsensusError::Config(error.to_string()))
+    }
+}
+
+/// How often and how long [`RaftGroup::shutdown`] checks that openraft's detached tasks let go
+/// of the group's storage objects.
+const SHUTDOWN_POLL_MS: u64 = 2;
+const SHUTDOWN_POLLS_MAX: u32 = 2500;
+
+/// One Raft group on this node: proposals go in, responses of the applied machine come out.
+pub struct RaftGroup<M: StateMachine> {
+    group_id: u64,
+    node_id: u64,
+    raft: Raft<M>,
+    /// The state openraft applies to, shared with the group's `GroupMachine`.
+    applied: Arc<RwLock<Applied<M>>>,
+    /// Alive while any clone of the group's `GroupLog` or `GroupMachine` is.
+    liveness: Weak<()>,
+    store: GroupStore,
+}
+
+impl<M: StateMachine> RaftGroup<M> {
+    /// Opens group `group_id` as node `node_id` with no peers (see [`NoPeers`]).
+    ///
+    /// First boot (no membership of the group stored): initializes the membership
+    /// `{node_id}`. Restart: openraft recovers vote, log, committed log id and the last snapshot
+    /// from the store and replays. Either way this returns once the node leads the group and
+    /// has applied its whole log, or fails with [`ConsensusError::Timeout`] after
+    /// `config.open_wait_ms`.
+    pub async fn open(
+        store: &GroupStore,
+        group_id: u64,
+        node_id: u64,
+        config: GroupConfig,
+    ) -> Result<RaftGroup<M>, ConsensusError> {
+        Self::open_with_transport(store, group_id, node_id, config, Arc::new(NoPeers)).await
+    }
+
+    /// [`RaftGroup::open`] with the transport that reaches this group's peers.
+    pub async fn open_with_transport(
+        store: &GroupStore,
+        group_id: u64,
+        node_id: u64,
+        config: GroupConfig,
+        transport: Arc<dyn GroupTransport>,
+    ) -> Result<RaftGroup<M>, ConsensusError> {
+        let raft_config = Arc::new(config.to_openraft(group_id)?);
+        let liveness = Arc::new(());
+        let weak_liveness = Arc::downgrade(&liveness);
+        let machine = GroupMachine::<M>::new(store.clone(), group_id, Arc::clone(&liveness));
+        let applied = machine.applied();
+        let log = GroupLog::<M>::new(store.clone(), group_id, liveness);
+        let network = GroupNetwork::<M>::new(group_id, node_id, transport);
+        let raft = openraft::Raft::new(node_id, raft_config, network, log, machine)
+            .await
+            .map_err(|fatal| fatal_error(store, fatal))?;
+        let group = RaftGroup {
+            group_id,
+            node_id,
+            raft,
+            applied,
+            liveness: weak_liveness,
+            store: store.clone(),
+        };
+        let started = group.start(config.open_wait_ms).await;
+        if let Err(error) = started {
+            // Do not leave a half-open group running against the store.
+            let _ = group.shutdown().await;
+            return Err(error);
+        }
+        tracing::info!(group_id, node_id, applied = ?group.applied_index(), "group open");
+        Ok(group)
+    }
+
+    /// Proposes `command`; returns the machine's response once the entry is committed (fsynced
+    /// in the store) and applied.
+    pub async fn propose(&self, command: M::Command) -> Result<M::Response, ConsensusError> {
+        match self.raft.client_write(Command(command)).await {
+            Ok(written) => written.data.ok_or_else(|| {
+                ConsensusError::Internal("a command entry was applied without a response".into())
+            }),
+            Err(RaftError::APIError(error)) => Err(write_error(error)),
+            Err(RaftError::Fatal(fatal)) => Err(fatal_error(&self.store, fatal)),
+        }
+    }
+
+    /// Runs `read` on the applied state. Local: on a follower, or right after a leader change,
+    /// it may lag the group's latest commit.
+    pub fn read<R>(&self, read: impl FnOnce(&M) -> R) -> R {
+        read(&read_applied(&self.applied).machine)
+    }
+
+    /// The log index of the last applied entry (`None` before the first).
+    pub fn applied_index(&self) -> Option<u64> {
+        read_applied(&self.applied).last_applied.as_ref().map(|log_id| log_id.index())
+    }
+
+    /// Whether this node currently leads the group.
+    pub fn is_leader(&self) -> bool {
+        self.raft.is_leader()
+    }
+
+    pub fn group_id(&self) -> u64 {
+        self.group_id
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    /// Handles a message a peer's [`GroupTransport`] delivered for this group; the returned
+    /// bytes are the answer to send back.
+    pub async fn handle_message(
+        &self,
+        kind: MessageKind,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, ConsensusError> {
+        let store = &self.store;
+        match kind {
+            MessageKind::AppendEntries => {
+                let answer = self.raft.append_entries(decode_message(payload)?).await;
+                encode_message(&answer.map_err(|error| raft_error(store, error))?)
+            }
+            MessageKind::Vote => {
+                let answer = self.raft.vote(decode_message(payload)?).await;
+                encode_message(&answer.map_err(|error| raft_error(store, error))?)
+            }
+            MessageKind::PreVote => {
+                let answer = self.raft.pre_vote(decode_message(payload)?).await;
+                encode_message(&answer.map_err(|error| raft_error(store, error))?)
+            }
+            MessageKind::FullSnapshot => {
+                let (vote, snapshot) =
+                    decode_snapshot::<M>(payload).map_err(ConsensusError::Malformed)?;
+                let answer = self.raft.install_full_snapshot(vote, snapshot).await;
+                encode_message(&answer.map_err(|fatal| fatal_error(store, fatal))?)
+            }
+        }
+    }
+
+    /// Stops the group and waits until openraft's tasks let go of the store, so that once the
+    /// last [`GroupStore`] handle is dropped the file is closed and can be reopened.
+    ///
+    /// Always call it: a group that is only dropped keeps its tasks (and its hold on the store)
+    /// until the runtime ends.
+    pub async fn shutdown(&self) -> Result<(), ConsensusError> {
+        self.raft.shutdown().await.map_err(|error| ConsensusError::Internal(error.to_string()))?;
+        // openraft joins its core but not its state machine worker nor a snapshot build; they
+        // end on their own once the core is gone.
+        for _ in 0..SHUTDOWN_POLLS_MAX {
+            if self.liveness.strong_count() == 0 {
+                return Ok(());
+            }
+            Config::<M>::sleep(Duration::from_millis(SHUTDOWN_POLL_MS)).await;
+        }
+        Err(ConsensusError::Timeout {
+            waited_ms: SHUTDOWN_POLL_MS * u64::from(SHUTDOWN_POLLS_MAX),
+            waiting_for: "openraft's tasks to release the store",
+        })
+    }
+
+    async fn start(&self, open_wait_ms: u64) -> Result<(), ConsensusError> {
+        // openraft's own test of a first boot: no membership in the log or the snapshot. (A
+        // vote alone, from a crash inside `initialize`, does not count.)
+        let initialized = self.raft.is_initialized().await;
+        if !initialized.map_err(|fatal| fatal_error(&self.store, fatal))? {
+            let members = BTreeSet::from([self.node_id]);
+            match self.raft.initialize(members).await {
+                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(RaftError::APIError(error)) => {
+                    return Err(ConsensusError::Internal(error.to_string()));
+                }
+                Err(RaftError::Fatal(fatal)) => return Err(fatal_error(&self.store, fatal)),
+            }
+        }
+        self.wait_until_serving(open_wait_ms).await
+    }
+
+    /// Waits until this node leads and has applied everything in its log: after a restart,
+    /// reads then see every entry committed before it.
+    async fn wait_until_serving(&self, open_wait_ms: u64) -> Result<(), ConsensusError> {
+        let node_id = self.node_id;
+        let serving = move |metrics: &openraft::RaftMetrics<Config<M>>| {
+            let committed = metrics.cluster_committed.as_ref().map(|log_id| log_id.index());
+            let applied = metrics.last_applied.as_ref().map(|log_id| log_id.index());
+            metrics.state == ServerState::Leader
+                && metrics.current_leader == Some(node_id)
+                && metrics.last_log_index.is_some()
+                && committed >= metrics.last_log_index
+                && applied >= metrics.last_log_index
+        };
+        let wait = self.raft.wait(Some(Duration::from_millis(open_wait_ms)));
+        match wait.metrics(serving, "leader with its log applied").await {
+            Ok(_) => Ok(()),
+            Err(WaitError::Timeout(..)) => {
+                if let Some(reason) = self.store.poisoned() {
+                    return Err(ConsensusError::Storage(StoreError::Poisoned(reason)));
+                }
+                Err(ConsensusError::Timeout {
+                    waited_ms: open_wait_ms,
+                    waiting_for: "leadership with the log applied",
+                })
+            }
+            Err(WaitError::ShuttingDown) => Err(stopped_error(&self.store)),
+        }
+    }
+}
+
+fn write_error(error: ClientWriteError<Config<impl StateMachine>>) -> ConsensusError {
+    match error {
+        ClientWriteError::ForwardToLeader(forward) => {
+            ConsensusError::NotLeader { leader_hint: forward.leader_id }
+        }
+        ClientWriteError::LogEntryDiscarded(forward) => {
+            ConsensusError::OutcomeUnknown { leader_hint: forward.leader_id }
+        }
+        other => ConsensusError::Internal(other.to_string()),
+    }
+}
+
+/// A fatal openraft error. A poisoned store is the root cause of any stop that follows it, so
+/// it is reported first.
+fn fatal_error<M: StateMachine>(store: &GroupStore, fatal: Fatal<Config<M>>) -> ConsensusError {
+    if let Some(reason) = store.poisoned() {
+        return ConsensusError::Storage(StoreError::Poisoned(reason));
+    }
+    match fatal {
+        Fatal::StorageError(error) => ConsensusError::Storage(StoreError::Io(error.to_string())),
+        Fatal::Panicked => ConsensusError::Internal("the raft core panicked".to_string()),
+        Fatal::Stopped => ConsensusError::Shutdown,
+    }
+}
+
+fn stopped_error(store: &GroupStore) -> ConsensusError {
+    match store.poisoned() {
+        Some(reason) => ConsensusError::Storage(StoreError::Poisoned(reason)),
+        None => ConsensusError::Shutdown,
+    }
+}
+
+fn raft_error<M: StateMachine>(store: &GroupStore, error: RaftError<Config<M>>) -> ConsensusError {
+    match error {
+        RaftError::APIError(never) => match never {},
+        RaftError::Fatal(fatal) => fatal_error(store, fatal),
+    }
+}
+
+fn decode_message<T: DeserializeOwned>(payload: &[u8]) -> Result<T, ConsensusError> {
+    serde_json::from_slice(payload).map_err(|error| ConsensusError::Malformed(error.to_string()))
+}
+
+fn encode_message<T: Serialize>(answer: &T) -> Result<Vec<u8>, ConsensusError> {
+    serde_json::to_vec(answer).map_err(|error| ConsensusError::Internal(error.to_string()))
+}
