@@ -213,7 +213,7 @@ mod tests {
             (b"AAAA".to_vec(), 3, CursorError::BadLength),
             (other_key.into_bytes(), 3, CursorError::BadTag),
             (text.clone().into_bytes(), 4, CursorError::ForeignTopic),
-            (text[..text.len() - 4].as_bytes().to_vec(), 3, CursorError::BadTag),
+            (text.as_bytes()[..text.len() - 4].to_vec(), 3, CursorError::BadTag),
             (vec![b'A'; CURSOR_TEXT_BYTES_MAX + 1], 3, CursorError::TooLong),
             // The original's cursor format (padded base64 of an Erlang term) is foreign here.
             (b"g3QAAAAA".to_vec(), 3, CursorError::BadLength),

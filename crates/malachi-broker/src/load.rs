@@ -236,7 +236,8 @@ mod tests {
         let warm = Rate { records_per_s: 10_000, bytes_per_s: 0 };
         let two = [range(1, 0, HALF - 1), range(2, HALF, u64::MAX)];
         let one = [range(0, 0, u64::MAX)];
-        let cases: Vec<(&[ActiveRange], Rate, u64, u64, Option<Reshape>)> = vec![
+        type Case<'a> = (&'a [ActiveRange], Rate, u64, u64, Option<Reshape>);
+        let cases: Vec<Case> = vec![
             (&one, hot, 0, 1_000, Some(Reshape::Split { range_id: 0 })),
             (&one, hot, 950, 1_000, None), // cooling down after the last reshape
             (&one, hot, 0, 50, None),      // range too young to judge
