@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use malachi_consensus::{GroupConfig, GroupStore, RaftGroup};
 use malachi_log::{GroupCommitConfig, Limits, SegmentConfig, Storage};
-use malachi_meta::{AdminCommand, AdminError};
+use malachi_meta::{AdminCommand, AdminError, LockoutPolicy};
 
 use crate::auth::{self, Entropy};
 use crate::config::BrokerConfig;
@@ -126,6 +126,7 @@ impl Broker {
     /// and stored 0600 for the local CLI). Every boot: `MALACHI_DEFAULT_USERS` that do not exist.
     async fn bootstrap_users(&self) -> Result<BootReport, BootError> {
         let mut report = BootReport::default();
+        self.apply_lockout_policy().await?;
         let has_admin = self.admin.read(|admin| admin.0.user("admin").is_some());
         if !has_admin {
             let password = match &self.config.admin_pass {
@@ -157,6 +158,24 @@ impl Broker {
             }
         }
         Ok(report)
+    }
+
+    /// Makes the replicated lockout rule match `MALACHI_MAX_AUTH_ATTEMPTS`,
+    /// `MALACHI_LOCKOUT_DURATION_MS` and `MALACHI_PROGRESSIVE_LOCKOUT`.
+    async fn apply_lockout_policy(&self) -> Result<(), BootError> {
+        let wanted = LockoutPolicy {
+            max_attempts: self.config.max_auth_attempts,
+            base_duration_ms: self.config.lockout_duration_ms,
+            progressive: self.config.progressive_lockout,
+            ..LockoutPolicy::default()
+        };
+        if self.admin.read(|admin| admin.0.lockout_policy() == &wanted) {
+            return Ok(());
+        }
+        match self.admin.propose(AdminCommand::SetLockoutPolicy { policy: wanted }).await? {
+            Ok(_) => Ok(()),
+            Err(error) => Err(BootError::Users(format!("lockout policy: {}", error.reason()))),
+        }
     }
 
     async fn create_user_hashed(

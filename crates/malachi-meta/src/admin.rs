@@ -132,6 +132,11 @@ pub enum AdminCommand {
     PruneLockouts {
         now_ms: u64,
     },
+    /// Replaces the lockout policy (the broker proposes it at boot when its configuration
+    /// differs), so every replica locks out by the same rule.
+    SetLockoutPolicy {
+        policy: LockoutPolicy,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,6 +167,7 @@ pub enum AdminResponse {
     LockoutsPruned {
         removed: u64,
     },
+    LockoutPolicySet,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -223,6 +229,10 @@ impl AdminState {
                 self.record_login_success(&username, &address)
             }
             AdminCommand::PruneLockouts { now_ms } => Ok(self.prune_lockouts(now_ms)),
+            AdminCommand::SetLockoutPolicy { policy } => {
+                self.lockout_policy = policy;
+                Ok(AdminResponse::LockoutPolicySet)
+            }
         };
         if result.is_ok() {
             self.version += 1;

@@ -334,3 +334,17 @@ fn admin_replay_and_serde_round_trip_are_identical() {
     let restored: AdminState = serde_json::from_str(&json).expect("deserializes");
     assert_eq!((restored.state_hash(), &restored), (first.state_hash(), &first));
 }
+
+#[test]
+fn the_lockout_policy_is_replicated_state() {
+    let mut state = AdminState::default();
+    let policy =
+        LockoutPolicy { max_attempts: 2, base_duration_ms: 1_000, ..LockoutPolicy::default() };
+    apply_ok(&mut state, AdminCommand::SetLockoutPolicy { policy: policy.clone() });
+    assert_eq!(state.lockout_policy(), &policy);
+    apply_ok(&mut state, failure("ann", "10.0.0.1", 0));
+    assert_eq!(state.locked_until("ann", "10.0.0.1", 0), None, "one failure is below the limit");
+    apply_ok(&mut state, failure("ann", "10.0.0.1", 0));
+    assert_eq!(state.locked_until("ann", "10.0.0.1", 500), Some(1_000), "the second failure locks");
+    assert_eq!(state.locked_until("ann", "10.0.0.1", 1_000), None, "for the configured duration");
+}
