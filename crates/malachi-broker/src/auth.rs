@@ -145,42 +145,41 @@ pub fn read_admin_credentials(data_dir: &Path) -> io::Result<(String, String)> {
     Ok((value("username")?, value("password")?))
 }
 
-/// Login attempts per client IP per sliding window (`MALACHI_AUTH_RATE_LIMIT` per
-/// `MALACHI_AUTH_RATE_WINDOW_MS`). Bounded: at most `ips_max` addresses are tracked, the oldest
-/// forgotten first.
+/// Failed logins per client address per sliding window (`MALACHI_AUTH_RATE_LIMIT` per
+/// `MALACHI_AUTH_RATE_WINDOW_MS`). Only failures count: a guesser fails, while a developer running
+/// CLI commands in a loop logs in successfully every time and should never be throttled. Bounded:
+/// at most `ips_max` addresses are tracked.
 #[derive(Debug)]
 pub struct AuthRateLimiter {
     attempts_max: u32,
     window_ms: u64,
     ips_max: usize,
-    attempts: BTreeMap<String, VecDeque<u64>>,
+    failures: BTreeMap<String, VecDeque<u64>>,
 }
 
 impl AuthRateLimiter {
     pub fn new(attempts_max: u32, window_ms: u64) -> AuthRateLimiter {
-        AuthRateLimiter { attempts_max, window_ms, ips_max: 100_000, attempts: BTreeMap::new() }
+        AuthRateLimiter { attempts_max, window_ms, ips_max: 100_000, failures: BTreeMap::new() }
     }
 
-    /// Counts one attempt from `ip`; false when it is over the limit (and is not counted).
-    pub fn try_attempt(&mut self, ip: &str, now_ms: u64) -> bool {
+    /// Whether `ip` has used up its failures in the current window.
+    pub fn is_limited(&mut self, ip: &str, now_ms: u64) -> bool {
         let window_ms = self.window_ms;
-        let recent = self.attempts.entry(ip.to_string()).or_default();
+        let Some(recent) = self.failures.get_mut(ip) else { return false };
         while recent.front().is_some_and(|&at| at + window_ms <= now_ms) {
             recent.pop_front();
         }
-        if recent.len() as u64 >= u64::from(self.attempts_max) {
-            return false;
-        }
-        recent.push_back(now_ms);
-        if self.attempts.len() > self.ips_max {
-            self.forget_idle(now_ms);
-        }
-        true
+        recent.len() as u64 >= u64::from(self.attempts_max)
     }
 
-    fn forget_idle(&mut self, now_ms: u64) {
-        let window_ms = self.window_ms;
-        self.attempts.retain(|_, recent| recent.back().is_some_and(|&at| at + window_ms > now_ms));
+    /// Counts one failed login from `ip`.
+    pub fn record_failure(&mut self, ip: &str, now_ms: u64) {
+        self.failures.entry(ip.to_string()).or_default().push_back(now_ms);
+        if self.failures.len() > self.ips_max {
+            let window_ms = self.window_ms;
+            self.failures
+                .retain(|_, recent| recent.back().is_some_and(|&at| at + window_ms > now_ms));
+        }
     }
 }
 
@@ -234,21 +233,17 @@ mod tests {
     }
 
     #[test]
-    fn rate_limit_slides() {
+    fn only_failures_count_and_the_window_slides() {
         let mut limiter = AuthRateLimiter::new(2, 1000);
-        let cases = [
-            (0, true),
-            (10, true),
-            (20, false),
-            (999, false),
-            (1000, true),
-            (1010, true),
-            (1011, false),
-        ];
-        for (now_ms, allowed) in cases {
-            assert_eq!(limiter.try_attempt("10.0.0.1", now_ms), allowed, "at {now_ms}");
+        let ip = "10.0.0.1";
+        assert!(!limiter.is_limited(ip, 0), "successful logins are never counted");
+        limiter.record_failure(ip, 0);
+        limiter.record_failure(ip, 10);
+        let cases = [(20, true), (999, true), (1000, false)];
+        for (now_ms, limited) in cases {
+            assert_eq!(limiter.is_limited(ip, now_ms), limited, "at {now_ms}");
         }
-        assert!(limiter.try_attempt("10.0.0.2", 20), "limits are per address");
+        assert!(!limiter.is_limited("10.0.0.2", 20), "limits are per address");
     }
 
     #[test]

@@ -93,11 +93,11 @@ async fn login(
     if locked.is_some() {
         return Err(Reason::AccountLocked);
     }
-    if broker.config().rate_limit_enabled {
-        let mut limiter = shared.auth_rate.lock().expect("rate limiter lock poisoned");
-        if !limiter.try_attempt(&address, now_ms) {
-            return Err(Reason::RateLimitExceeded);
-        }
+    let rate_limited = broker.config().rate_limit_enabled;
+    if rate_limited
+        && shared.auth_rate.lock().expect("rate limiter lock poisoned").is_limited(&address, now_ms)
+    {
+        return Err(Reason::RateLimitExceeded);
     }
     let stored = broker.admin_group().read(|admin| {
         admin.0.user(&username).map(|user| (user.password_hash.clone(), user.permissions.clone()))
@@ -109,6 +109,13 @@ async fn login(
             .await
             .unwrap_or(false);
     let Some((_, permissions)) = stored.filter(|_| matches) else {
+        if rate_limited {
+            shared
+                .auth_rate
+                .lock()
+                .expect("rate limiter lock poisoned")
+                .record_failure(&address, now_ms);
+        }
         let failure = AdminCommand::RecordLoginFailure { username, address, now_ms };
         let _ = broker.admin_group().propose(failure).await;
         return Err(Reason::InvalidCredentials);

@@ -45,6 +45,9 @@ pub(crate) async fn dispatch(connection: &mut Connection, corr: u32, request: Re
             Connection::reply(corr, Response::LeaveGroup(Empty))
         }
         Request::ClusterState(_) => cluster_state(connection, corr),
+        request if request.api_key().as_u16() >= ApiKey::ListTopics.as_u16() => {
+            crate::extensions::handle(connection, corr, request).await
+        }
         other => admin(connection, corr, other).await,
     }
 }

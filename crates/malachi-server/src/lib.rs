@@ -7,6 +7,7 @@ mod auth;
 mod connection;
 mod convert;
 mod dispatch;
+mod extensions;
 mod limits;
 mod policies;
 mod subscription;

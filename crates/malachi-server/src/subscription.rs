@@ -115,7 +115,11 @@ impl Subscription {
     ) -> std::io::Result<()> {
         match page {
             Ok(page) if page.records.is_empty() => {
-                if !page.next_cursor.is_empty() {
+                if page.next_cursor.is_empty() {
+                    // The topic does not exist (yet): the subscription stays open, as the
+                    // original's does, and looks again shortly instead of spinning.
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                } else {
                     progress.cursor = Some(page.next_cursor);
                 }
                 Ok(())

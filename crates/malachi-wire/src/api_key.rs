@@ -1,11 +1,12 @@
-//! The api keys 0..=34 of section 3, with the facts a server needs before it decodes a payload.
+//! The api keys 0..=34 of section 3, and Malachi's own 64..=69 (`docs/protocol.md`), with the
+//! facts a server needs before it decodes a payload.
 
 use std::fmt;
 
 macro_rules! api_keys {
     ($( $(#[$doc:meta])* $variant:ident = $value:literal $name:literal, )*) => {
-        /// A request's `api_key`. Values outside 0..=34 are not representable: they are
-        /// [`crate::RequestError::UnknownApiKey`] at the envelope.
+        /// A request's `api_key`. Values outside 0..=34 and 64..=69 are not representable: they
+        /// are [`crate::RequestError::UnknownApiKey`] at the envelope.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u16)]
         pub enum ApiKey {
@@ -13,7 +14,7 @@ macro_rules! api_keys {
         }
 
         impl ApiKey {
-            /// Every key, in numeric order.
+            /// Every key, in numeric order: the original's 0..=34, then Malachi's 64..=69.
             pub const ALL: &'static [ApiKey] = &[$( ApiKey::$variant, )*];
 
             pub const fn from_u16(value: u16) -> Option<ApiKey> {
@@ -72,6 +73,13 @@ api_keys! {
     JoinGroup = 32 "join_group",
     GroupHeartbeat = 33 "group_heartbeat",
     CommitOffsets = 34 "commit_offsets",
+    // Malachi's own keys (docs/protocol.md); an original client never sends them.
+    ListTopics = 64 "list_topics",
+    DescribeTopic = 65 "describe_topic",
+    DeleteTopic = 66 "delete_topic",
+    SplitRange = 67 "split_range",
+    MergeRanges = 68 "merge_ranges",
+    CreateTopicRanges = 69 "create_topic_ranges",
 }
 
 impl ApiKey {
@@ -85,11 +93,17 @@ impl ApiKey {
         matches!(self, ApiKey::Auth | ApiKey::MtlsAuth | ApiKey::TokenAuth)
     }
 
-    /// Keys 8–11 and 14–23. Section 3.0: for these the server checks `admin` before decoding the
-    /// payload, so a non-admin gets `permission_denied` even for a garbled payload. Keys 1–7
-    /// decode first and check permissions after.
+    /// Keys 8–11 and 14–23, and our 66–68 (delete, split, merge). Section 3.0: for these the
+    /// server checks `admin` before decoding the payload, so a non-admin gets
+    /// `permission_denied` even for a garbled payload. Keys 1–7 decode first and check
+    /// permissions after.
     pub const fn requires_admin(self) -> bool {
-        matches!(self.as_u16(), 8..=11 | 14..=23)
+        matches!(self.as_u16(), 8..=11 | 14..=23 | 66..=68)
+    }
+
+    /// Malachi's own keys (64..=69), which the original protocol does not have.
+    pub const fn is_extension(self) -> bool {
+        self.as_u16() >= ApiKey::ListTopics.as_u16()
     }
 
     /// Keys whose success sends no ok frame on their own `corr` (section 1.3): `stream_ack`,
@@ -110,13 +124,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_dense_from_0_to_34() {
-        assert_eq!(ApiKey::ALL.len(), 35);
-        for (value, key) in (0_u16..).zip(ApiKey::ALL) {
+    fn keys_are_dense_from_0_to_34_then_64_to_69() {
+        assert_eq!(ApiKey::ALL.len(), 35 + 6);
+        let values = (0_u16..=34).chain(64..=69);
+        for (value, key) in values.zip(ApiKey::ALL) {
             assert_eq!(key.as_u16(), value);
             assert_eq!(ApiKey::from_u16(value), Some(*key));
+            assert_eq!(key.is_extension(), value >= 64, "{key}");
         }
-        for value in [35, 99, 0x00ff, u16::MAX] {
+        for value in [35, 63, 70, 99, 0x00ff, u16::MAX] {
             assert_eq!(ApiKey::from_u16(value), None);
         }
     }
@@ -140,6 +156,12 @@ mod tests {
             (ApiKey::Append, false, false, false),
             (ApiKey::ConsumeAck, false, false, false),
             (ApiKey::CommitOffsets, false, false, true),
+            (ApiKey::ListTopics, false, false, true),
+            (ApiKey::DescribeTopic, false, false, true),
+            (ApiKey::DeleteTopic, false, true, true),
+            (ApiKey::SplitRange, false, true, true),
+            (ApiKey::MergeRanges, false, true, true),
+            (ApiKey::CreateTopicRanges, false, false, true),
         ];
         for (key, auth, admin, reply) in cases {
             assert_eq!(key.is_auth(), *auth, "{key}");
@@ -147,6 +169,6 @@ mod tests {
             assert_eq!(key.has_reply(), *reply, "{key}");
         }
         let admin_count = ApiKey::ALL.iter().filter(|key| key.requires_admin()).count();
-        assert_eq!(admin_count, 14, "8-11 and 14-23");
+        assert_eq!(admin_count, 14 + 3, "8-11, 14-23 and 66-68");
     }
 }

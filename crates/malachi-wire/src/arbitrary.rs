@@ -163,6 +163,28 @@ pub(crate) fn arb_request_for(key: ApiKey) -> BoxedStrategy<Request> {
             })
             .boxed(),
         ApiKey::CommitOffsets => arb_commit_offsets().prop_map(Request::CommitOffsets).boxed(),
+        ApiKey::ListTopics => Just(Request::ListTopics(Empty)).boxed(),
+        ApiKey::DescribeTopic => opt_str()
+            .prop_map(|topic| Request::DescribeTopic(DescribeTopicRequest { topic }))
+            .boxed(),
+        ApiKey::DeleteTopic => {
+            opt_str().prop_map(|topic| Request::DeleteTopic(DeleteTopicRequest { topic })).boxed()
+        }
+        ApiKey::SplitRange => (opt_str(), any::<u32>())
+            .prop_map(|(topic, range_id)| {
+                Request::SplitRange(SplitRangeRequest { topic, range_id })
+            })
+            .boxed(),
+        ApiKey::MergeRanges => (opt_str(), any::<u32>(), any::<u32>())
+            .prop_map(|(topic, left, right)| {
+                Request::MergeRanges(MergeRangesRequest { topic, left, right })
+            })
+            .boxed(),
+        ApiKey::CreateTopicRanges => (opt_str(), any::<u32>())
+            .prop_map(|(topic, initial_ranges)| {
+                Request::CreateTopicRanges(CreateTopicRangesRequest { topic, initial_ranges })
+            })
+            .boxed(),
     }
 }
 
@@ -255,6 +277,18 @@ pub(crate) fn arb_response_for(key: ApiKey) -> BoxedStrategy<Response> {
         ApiKey::JoinGroup => arb_assignment().prop_map(Response::JoinGroup).boxed(),
         ApiKey::GroupHeartbeat => arb_assignment().prop_map(Response::GroupHeartbeat).boxed(),
         ApiKey::CommitOffsets => Just(Response::CommitOffsets(Empty)).boxed(),
+        ApiKey::ListTopics => vec(opt_str(), 0..4)
+            .prop_map(|topics| Response::ListTopics(ListTopicsResponse { topics }))
+            .boxed(),
+        ApiKey::DescribeTopic => arb_describe_topic().prop_map(Response::DescribeTopic).boxed(),
+        ApiKey::DeleteTopic => Just(Response::DeleteTopic(Empty)).boxed(),
+        ApiKey::SplitRange => (any::<u32>(), any::<u32>())
+            .prop_map(|(low, high)| Response::SplitRange(SplitRangeResponse { low, high }))
+            .boxed(),
+        ApiKey::MergeRanges => any::<u32>()
+            .prop_map(|range_id| Response::MergeRanges(MergeRangesResponse { range_id }))
+            .boxed(),
+        ApiKey::CreateTopicRanges => Just(Response::CreateTopicRanges(Empty)).boxed(),
         ApiKey::StreamAck | ApiKey::Append | ApiKey::ConsumeAck => {
             unreachable!("{key} has no ok reply; callers filter with has_reply")
         }
@@ -372,6 +406,39 @@ fn arb_topic_routes() -> impl Strategy<Value = TopicRoutesResponse> {
             topic,
             version,
             keyspace_bits,
+            ranges,
+        },
+    )
+}
+
+fn arb_describe_topic() -> impl Strategy<Value = DescribeTopicResponse> {
+    let state = select(vec![RangeState::Active, RangeState::Sealed]);
+    let bounds = (any::<u32>(), any::<u64>(), any::<u64>(), state);
+    let family = (vec(any::<u32>(), 0..3), vec(any::<u32>(), 0..3));
+    let counts = (any::<u32>(), any::<u64>(), any::<u64>());
+    let range = (bounds, family, counts).prop_map(
+        |(
+            (range_id, start, end_inclusive, state),
+            (parents, children),
+            (segments, records, expired_records),
+        )| RangeDescription {
+            range_id,
+            start,
+            end_inclusive,
+            state,
+            parents,
+            children,
+            segments,
+            records,
+            expired_records,
+        },
+    );
+    (opt_str(), any::<u64>(), any::<u64>(), opt_str(), vec(range, 0..3)).prop_map(
+        |(topic, topic_id, created_ms, policy, ranges)| DescribeTopicResponse {
+            topic,
+            topic_id,
+            created_ms,
+            policy,
             ranges,
         },
     )

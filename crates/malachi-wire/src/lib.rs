@@ -1,5 +1,6 @@
 //! Malachi's binary wire protocol, shared by the broker and the client: framing, the request and
-//! response envelopes, a typed request and response for every api key (0..=34), records, the
+//! response envelopes, a typed request and response for every api key (0..=34, and Malachi's own
+//! 64..=69 of `docs/protocol.md`), records, the
 //! batch codec, and the reason strings of error answers. The contract is
 //! `shared/spec/wire-protocol.md`, byte for byte; its section 6 test vectors are golden tests
 //! here.
@@ -37,6 +38,8 @@ pub mod shapes;
 
 #[cfg(test)]
 mod arbitrary;
+#[cfg(test)]
+mod extension_vectors;
 #[cfg(test)]
 mod vectors;
 

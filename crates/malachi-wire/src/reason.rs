@@ -102,6 +102,31 @@ reasons! {
     MalformedBatch = "malformed_batch",
     /// Sent inside `append_ack` as the Erlang term `{:unknown_codec, n}` (section 2.4).
     UnknownCodec = "unknown_codec",
+    // Malachi's own reasons (docs/protocol.md); the original never sends them.
+    /// A write or fsync failed; the store refuses writes until the broker restarts.
+    StorageFailed = "storage_failed",
+    /// The data disk is full; writes are refused until space is freed.
+    DiskFull = "disk_full",
+    /// One record's key, value and headers exceed the per-record limit.
+    RecordTooLarge = "record_too_large",
+    KeyTooLarge = "key_too_large",
+    TooManyHeaders = "too_many_headers",
+    /// One produce carries more records than one append may.
+    BatchTooManyRecords = "batch_too_many_records",
+    /// `create_topic_ranges` with a count that is not a power of two within the limit.
+    InvalidRangeCount = "invalid_range_count",
+    /// A split would exceed the topic's active-range limit.
+    TooManyRanges = "too_many_ranges",
+    /// A split of a range of width 1.
+    RangeTooSmall = "range_too_small",
+    /// A merge of two ranges that are not the halves of one aligned block.
+    NotBuddies = "not_buddies",
+    /// A split or merge whose range could not be fenced in the data plane; nothing changed.
+    Unfenced = "unfenced",
+    /// A split or merge naming a range the topic does not have.
+    NoSuchRange = "no_such_range",
+    /// A split or merge of a range that is already sealed.
+    RangeSealed = "range_sealed",
 }
 
 /// The full text of the policy `timeout` reason (section 3.5).
@@ -129,6 +154,7 @@ impl Reason {
                 | Reason::BindingsUnavailable
                 | Reason::Timeout
                 | Reason::Unavailable
+                | Reason::Unfenced
         )
     }
 
@@ -260,6 +286,12 @@ mod tests {
             (Reason::StaleRoutes, false),
             (Reason::Moved, false),
             (Reason::MalformedBatch, false),
+            (Reason::Unfenced, true),
+            (Reason::StorageFailed, false),
+            (Reason::DiskFull, false),
+            (Reason::RecordTooLarge, false),
+            (Reason::NotBuddies, false),
+            (Reason::InvalidRangeCount, false),
         ];
         for (reason, retryable) in cases {
             assert_eq!(reason.is_retryable(), *retryable, "{reason}");

@@ -93,6 +93,13 @@ requests! {
     JoinGroup(JoinGroupRequest),
     GroupHeartbeat(GroupHeartbeatRequest),
     CommitOffsets(CommitOffsetsRequest),
+    /// The payload must be empty.
+    ListTopics(Empty),
+    DescribeTopic(DescribeTopicRequest),
+    DeleteTopic(DeleteTopicRequest),
+    SplitRange(SplitRangeRequest),
+    MergeRanges(MergeRangesRequest),
+    CreateTopicRanges(CreateTopicRangesRequest),
 }
 
 /// A request body split into its envelope fields, the payload not yet decoded.

@@ -97,6 +97,12 @@ responses! {
         JoinGroup(Assignment),
         GroupHeartbeat(Assignment),
         CommitOffsets(Empty),
+        ListTopics(ListTopicsResponse),
+        DescribeTopic(DescribeTopicResponse),
+        DeleteTopic(Empty),
+        SplitRange(SplitRangeResponse),
+        MergeRanges(MergeRangesResponse),
+        CreateTopicRanges(Empty),
     }
     no_reply { StreamAck, Append, ConsumeAck }
 }

@@ -70,13 +70,16 @@ fn load_config(args: &ServeArgs) -> Result<BrokerConfig, String> {
         None => BTreeMap::new(),
     };
     let env = |name: &str| std::env::var(name).ok();
-    BrokerConfig::load(&Sources { flags: &flags, env: &env, file: &file }).map_err(|error| error.to_string())
+    BrokerConfig::load(&Sources { flags: &flags, env: &env, file: &file })
+        .map_err(|error| error.to_string())
 }
 
 /// Top-level keys of a TOML settings file, as strings.
 fn read_toml(path: &std::path::Path) -> Result<BTreeMap<String, String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|error| format!("{}: {error}", path.display()))?;
-    let table: toml::Table = text.parse().map_err(|error| format!("{}: {error}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|error| format!("{}: {error}", path.display()))?;
+    let table: toml::Table =
+        text.parse().map_err(|error| format!("{}: {error}", path.display()))?;
     Ok(table
         .into_iter()
         .map(|(key, value)| {
@@ -104,10 +107,17 @@ async fn serve(config: BrokerConfig, node_id: u64) -> Result<(), String> {
         format!("binding {}:{}: {error}", broker.config().bind_address, broker.config().tcp_port)
     })?;
     let address = server.local_addr().map_err(|error| error.to_string())?;
-    eprintln!("malachi {} listening on {address}, data in {}", env!("CARGO_PKG_VERSION"), data_dir.display());
+    eprintln!(
+        "malachi {} listening on {address}, data in {}",
+        env!("CARGO_PKG_VERSION"),
+        data_dir.display()
+    );
     if let Some(password) = &report.generated_admin_password {
         eprintln!("first boot: the admin password is {password}");
-        eprintln!("(stored in {} for the local CLI; shown only this once)", data_dir.join("admin.credentials").display());
+        eprintln!(
+            "(stored in {} for the local CLI; shown only this once)",
+            data_dir.join("admin.credentials").display()
+        );
     }
     let maintenance = broker.spawn_maintenance();
     let (stop, stopped) = tokio::sync::watch::channel(false);

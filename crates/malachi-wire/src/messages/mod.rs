@@ -1,4 +1,5 @@
-//! The typed payload of every request and ok response, one module per section of the spec.
+//! The typed payload of every request and ok response, one module per section of the spec, plus
+//! [`extensions`] for Malachi's own keys 64–69.
 //!
 //! Each type is the exact layout of one payload: [`crate::Wire::decode`] consumes the whole
 //! payload or fails. A wire `str` is `Option<Bytes>` (absent and empty differ) unless the spec
@@ -8,6 +9,7 @@
 pub mod admin;
 pub mod auth;
 pub mod consume;
+pub mod extensions;
 pub mod policy;
 pub mod produce;
 pub mod streams;
@@ -18,6 +20,7 @@ use crate::primitive::{Reader, Wire, Writer};
 pub use admin::*;
 pub use auth::*;
 pub use consume::*;
+pub use extensions::*;
 pub use policy::*;
 pub use produce::*;
 pub use streams::*;

@@ -2,6 +2,7 @@
 
 mod histogram;
 mod storage;
+mod wire;
 
 use clap::Subcommand;
 
@@ -9,10 +10,13 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// The segment store against raw `pwrite` + `fdatasync` on the same disk.
     Storage(storage::StorageArgs),
+    /// Load on a running broker over the wire protocol: records/s, MB/s, ack latency.
+    Wire(wire::WireArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<(), String> {
     match command {
         BenchCommand::Storage(args) => storage::run(&args),
+        BenchCommand::Wire(args) => wire::run(&args),
     }
 }

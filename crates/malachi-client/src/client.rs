@@ -1,0 +1,494 @@
+//! [`Client`]: connect, authenticate, and one typed method per api key.
+//!
+//! Every method takes `&self`, so one client can be shared (behind an `Arc`) by many tasks whose
+//! requests then travel pipelined on its one connection. Strings the caller passes become
+//! present wire `str`s; strings the server returns are decoded as UTF-8, lossily (the server
+//! mints ASCII). Records, cursors and policy shapes are the wire crate's own types.
+//!
+//! A broker closes a connection that sends nothing for 30 s (wire-protocol.md section 1.5;
+//! subscriptions excepted). A client idle longer finds its calls failing with the close's
+//! cause and should connect again: this crate never reconnects on its own.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use malachi_wire::limits::FRAME_BYTES_MAX_DEFAULT;
+use malachi_wire::messages::*;
+use malachi_wire::{PolicyField, Record, Request, Response};
+use tokio::net::TcpStream;
+
+use crate::connection::Connection;
+use crate::error::ClientError;
+use crate::subscription::Subscription;
+
+/// Where to connect and how long to wait.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `host:port`, resolved at connect time.
+    pub address: String,
+    /// Sent as the first frame (key 0). `None` sends no auth: the server will then refuse the
+    /// first request with `auth_required` and close.
+    pub credentials: Option<Credentials>,
+    /// Bounds the TCP connect and the auth exchange together.
+    pub connect_timeout: Duration,
+    /// Bounds each request from queueing to answer; a fetch adds its `wait_ms`.
+    pub request_timeout: Duration,
+    /// Largest frame sent or accepted (section 1.2).
+    pub max_frame_bytes: u32,
+}
+
+/// A username and password for key 0.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+/// Options of a fetch (key 3). Zero `max` lets the server choose (100); zero `wait_ms` answers
+/// at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// Continue from this cursor; `None` starts from the group's position or the beginning.
+    pub cursor: Option<Bytes>,
+    pub group: Option<String>,
+    /// With `group`: a group-member fetch, which reads only this member's ranges from the
+    /// group's committed positions (the cursor is then ignored by the server).
+    pub member: Option<String>,
+    /// Records per range read.
+    pub max: u32,
+    /// Long-poll up to this long when nothing is new (the server caps it at 30,000).
+    pub wait_ms: u32,
+}
+
+/// Options of a subscription (key 5). Zero `window` or `max` lets the server choose (100).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubscribeOptions {
+    pub group: Option<String>,
+    pub member: Option<String>,
+    /// Records pushed but not yet acknowledged.
+    pub window: u32,
+    /// Records per push.
+    pub max: u32,
+}
+
+/// A user and its permissions (key 11).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    pub username: String,
+    pub permissions: Vec<String>,
+}
+
+/// One ACL grant (key 16).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acl {
+    pub operation: String,
+    pub resource: String,
+}
+
+/// An authenticated connection to a broker.
+#[derive(Debug)]
+pub struct Client {
+    connection: Connection,
+    config: ClientConfig,
+    token: Option<String>,
+}
+
+/// `keyspace_bits` sent with `create_topic`; Malachi's own tests send 8, and the server ignores
+/// it (wire-protocol.md section 7 item 1).
+const CREATE_TOPIC_KEYSPACE_BITS: u8 = 8;
+
+macro_rules! call {
+    ($client:expr, $variant:ident($request:expr)) => {
+        match $client.request(Request::$variant($request)).await? {
+            Response::$variant(answer) => answer,
+            other => return Err(unexpected(other)),
+        }
+    };
+}
+
+impl ClientConfig {
+    /// Defaults: no credentials, 10 s to connect, 30 s per request, 16 MiB frames.
+    pub fn new(address: impl Into<String>) -> ClientConfig {
+        ClientConfig {
+            address: address.into(),
+            credentials: None,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_frame_bytes: FRAME_BYTES_MAX_DEFAULT,
+        }
+    }
+
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials =
+            Some(Credentials { username: username.into(), password: password.into() });
+        self
+    }
+
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Client {
+    /// Connects and authenticates. A refused login is [`ClientError::Server`] with the reason
+    /// (`invalid_credentials`, `account_locked`, ...); the server has then closed the socket.
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let connect_timeout = config.connect_timeout;
+        tokio::time::timeout(connect_timeout, Client::connect_unbounded(config))
+            .await
+            .unwrap_or(Err(ClientError::Timeout))
+    }
+
+    async fn connect_unbounded(config: ClientConfig) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(&config.address).await?;
+        stream.set_nodelay(true)?;
+        let connection = Connection::start(stream, config.max_frame_bytes);
+        let mut client = Client { connection, config, token: None };
+        if let Some(credentials) = client.config.credentials.clone() {
+            let request = AuthRequest {
+                username: Some(text(&credentials.username)),
+                password: Some(text(&credentials.password)),
+            };
+            let timeout = client.config.connect_timeout;
+            let answer = client.connection.call(Request::Auth(request), timeout).await?;
+            let Response::Auth(TokenResponse { token }) = answer else {
+                return Err(unexpected(answer));
+            };
+            client.token = token.map(|token| String::from_utf8_lossy(&token).into_owned());
+        }
+        Ok(client)
+    }
+
+    /// The session token the server answered the login with.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// Whether the connection has ended; every call then fails with the cause.
+    pub fn is_closed(&self) -> bool {
+        self.connection.is_closed()
+    }
+
+    /// Any request, answered within the configured request timeout. The typed methods below
+    /// are built on it; it is public for keys they do not cover.
+    pub async fn request(&self, request: Request) -> Result<Response, ClientError> {
+        self.request_within(request, self.config.request_timeout).await
+    }
+
+    pub async fn request_within(
+        &self,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<Response, ClientError> {
+        self.connection.call(request, timeout).await
+    }
+
+    /// Key 1: a topic with one range.
+    pub async fn create_topic(&self, topic: &str) -> Result<(), ClientError> {
+        let request = CreateTopicRequest {
+            topic: Some(text(topic)),
+            keyspace_bits: CREATE_TOPIC_KEYSPACE_BITS,
+        };
+        call!(self, CreateTopic(request));
+        Ok(())
+    }
+
+    /// Key 69: a topic with `initial_ranges` ranges (a power of two).
+    pub async fn create_topic_with_ranges(
+        &self,
+        topic: &str,
+        initial_ranges: u32,
+    ) -> Result<(), ClientError> {
+        let request = CreateTopicRangesRequest { topic: Some(text(topic)), initial_ranges };
+        call!(self, CreateTopicRanges(request));
+        Ok(())
+    }
+
+    /// Key 2: appends `records` (durably, once it answers) and returns how many were appended.
+    pub async fn produce(&self, topic: &str, records: Vec<Record>) -> Result<u32, ClientError> {
+        let request = ProduceRequest { topic: Some(text(topic)), records };
+        Ok(call!(self, Produce(request)).count)
+    }
+
+    /// Key 3: one page of records and the cursor to continue from. The timeout is the request
+    /// timeout plus `wait_ms`.
+    pub async fn fetch(
+        &self,
+        topic: &str,
+        options: &FetchOptions,
+    ) -> Result<(Vec<Record>, Bytes), ClientError> {
+        let request = FetchRequest {
+            topic: Some(text(topic)),
+            cursor: options.cursor.clone(),
+            group: options.group.as_deref().map(text),
+            member: options.member.as_deref().map(text),
+            max_records: options.max,
+            wait_ms: options.wait_ms,
+        };
+        let timeout = self.config.request_timeout + Duration::from_millis(options.wait_ms.into());
+        match self.request_within(Request::Fetch(request), timeout).await? {
+            Response::Fetch(page) => Ok((page.records, page.next_cursor)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Key 4: stores `cursor` as the group's position.
+    pub async fn commit(
+        &self,
+        topic: &str,
+        group: &str,
+        cursor: &Bytes,
+    ) -> Result<(), ClientError> {
+        let request = CommitRequest {
+            topic: Some(text(topic)),
+            group: Some(text(group)),
+            cursor: Some(cursor.clone()),
+        };
+        call!(self, Commit(request));
+        Ok(())
+    }
+
+    /// Key 5. The connection enters SUBSCRIBED mode, where it serves nothing but the
+    /// subscription, so the subscription takes the client. The server answers a successful
+    /// subscribe with nothing: a refusal arrives as the first item of
+    /// [`Subscription::next`].
+    pub async fn subscribe(
+        self,
+        topic: &str,
+        options: &SubscribeOptions,
+    ) -> Result<Subscription, ClientError> {
+        let topic = text(topic);
+        let group = options.group.as_deref().map(text);
+        let member = options.member.as_deref().map(text);
+        let request = SubscribeRequest {
+            topic: Some(topic.clone()),
+            group: group.clone(),
+            member: member.clone(),
+            window_records: options.window,
+            max_records: options.max,
+        };
+        let pushes = self.connection.open_pushes(Request::Subscribe(request)).await?;
+        Ok(Subscription::new(self.connection, pushes, topic, group, member))
+    }
+
+    /// Key 7: removes `member` from `group` at once (instead of after its session times out).
+    pub async fn leave_group(
+        &self,
+        topic: &str,
+        group: &str,
+        member: &str,
+    ) -> Result<(), ClientError> {
+        let request = LeaveGroupRequest {
+            topic: Some(text(topic)),
+            group: Some(text(group)),
+            member: Some(text(member)),
+        };
+        call!(self, LeaveGroup(request));
+        Ok(())
+    }
+
+    /// Key 8. `permissions` among `admin`, `produce`, `consume`.
+    pub async fn create_user(
+        &self,
+        username: &str,
+        password: &str,
+        permissions: &[&str],
+    ) -> Result<(), ClientError> {
+        let request = CreateUserRequest {
+            username: Some(text(username)),
+            password: Some(text(password)),
+            permissions: permissions.iter().map(|permission| Some(text(permission))).collect(),
+        };
+        call!(self, CreateUser(request));
+        Ok(())
+    }
+
+    /// Key 9; also revokes the user's sessions and ACL grants.
+    pub async fn delete_user(&self, username: &str) -> Result<(), ClientError> {
+        call!(self, DeleteUser(DeleteUserRequest { username: Some(text(username)) }));
+        Ok(())
+    }
+
+    /// Key 10.
+    pub async fn change_password(
+        &self,
+        username: &str,
+        new_password: &str,
+    ) -> Result<(), ClientError> {
+        let request = ChangePasswordRequest {
+            username: Some(text(username)),
+            new_password: Some(text(new_password)),
+        };
+        call!(self, ChangePassword(request));
+        Ok(())
+    }
+
+    /// Key 11, sorted by username.
+    pub async fn list_users(&self) -> Result<Vec<User>, ClientError> {
+        let answer = call!(self, ListUsers(IgnoredPayload));
+        let mut users: Vec<User> = answer
+            .users
+            .into_iter()
+            .map(|user| User {
+                username: lossy(user.username),
+                permissions: user.permissions.into_iter().map(lossy).collect(),
+            })
+            .collect();
+        users.sort_by(|first, second| first.username.cmp(&second.username));
+        Ok(users)
+    }
+
+    /// Key 14. `operation` is `produce` or `consume`; `pattern` a topic or a prefix ending `*`.
+    pub async fn grant_acl(
+        &self,
+        username: &str,
+        operation: &str,
+        pattern: &str,
+    ) -> Result<(), ClientError> {
+        call!(self, GrantAcl(acl_request(username, operation, pattern)));
+        Ok(())
+    }
+
+    /// Key 15 (idempotent).
+    pub async fn revoke_acl(
+        &self,
+        username: &str,
+        operation: &str,
+        pattern: &str,
+    ) -> Result<(), ClientError> {
+        call!(self, RevokeAcl(acl_request(username, operation, pattern)));
+        Ok(())
+    }
+
+    /// Key 16, sorted by operation then resource.
+    pub async fn list_acls(&self, username: &str) -> Result<Vec<Acl>, ClientError> {
+        let answer = call!(self, ListAcls(ListAclsRequest { username: Some(text(username)) }));
+        let mut acls: Vec<Acl> = answer
+            .acls
+            .into_iter()
+            .map(|acl| Acl { operation: lossy(acl.operation), resource: lossy(acl.resource) })
+            .collect();
+        acls.sort_by(|first, second| {
+            (&first.operation, &first.resource).cmp(&(&second.operation, &second.resource))
+        });
+        Ok(acls)
+    }
+
+    /// Key 17: defines or replaces a policy.
+    pub async fn define_policy(
+        &self,
+        name: &str,
+        fields: Vec<PolicyField>,
+    ) -> Result<(), ClientError> {
+        call!(self, DefinePolicy(DefinePolicyRequest { name: Some(text(name)), fields }));
+        Ok(())
+    }
+
+    /// Key 18. Without `force`, a policy still bound to topics is refused (`policy_in_use`).
+    pub async fn delete_policy(&self, name: &str, force: bool) -> Result<(), ClientError> {
+        call!(self, DeletePolicy(DeletePolicyRequest { name: Some(text(name)), force }));
+        Ok(())
+    }
+
+    /// Key 19, sorted by name.
+    pub async fn list_policies(&self) -> Result<Vec<NamedPolicy>, ClientError> {
+        Ok(call!(self, ListPolicies(Empty)).policies)
+    }
+
+    /// Key 20. `None` unbinds the topic.
+    pub async fn bind_topic_policy(
+        &self,
+        topic: &str,
+        name: Option<&str>,
+    ) -> Result<(), ClientError> {
+        let request = BindTopicPolicyRequest { topic: Some(text(topic)), name: name.map(text) };
+        call!(self, BindTopicPolicy(request));
+        Ok(())
+    }
+
+    /// Key 21.
+    pub async fn get_topic_policy(&self, topic: &str) -> Result<TopicPolicyResponse, ClientError> {
+        Ok(call!(self, GetTopicPolicy(GetTopicPolicyRequest { topic: Some(text(topic)) })))
+    }
+
+    /// Key 64, sorted.
+    pub async fn list_topics(&self) -> Result<Vec<String>, ClientError> {
+        let answer = call!(self, ListTopics(Empty));
+        Ok(answer.topics.into_iter().map(lossy).collect())
+    }
+
+    /// Key 65.
+    pub async fn describe_topic(&self, topic: &str) -> Result<DescribeTopicResponse, ClientError> {
+        Ok(call!(self, DescribeTopic(DescribeTopicRequest { topic: Some(text(topic)) })))
+    }
+
+    /// Key 66 (admin).
+    pub async fn delete_topic(&self, topic: &str) -> Result<(), ClientError> {
+        call!(self, DeleteTopic(DeleteTopicRequest { topic: Some(text(topic)) }));
+        Ok(())
+    }
+
+    /// Key 67 (admin): returns the two halves `(low, high)`.
+    pub async fn split_range(&self, topic: &str, range_id: u32) -> Result<(u32, u32), ClientError> {
+        let request = SplitRangeRequest { topic: Some(text(topic)), range_id };
+        let answer = call!(self, SplitRange(request));
+        Ok((answer.low, answer.high))
+    }
+
+    /// Key 68 (admin): returns the merged range.
+    pub async fn merge_ranges(
+        &self,
+        topic: &str,
+        left: u32,
+        right: u32,
+    ) -> Result<u32, ClientError> {
+        let request = MergeRangesRequest { topic: Some(text(topic)), left, right };
+        Ok(call!(self, MergeRanges(request)).range_id)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_next_corr(&self, corr: u32) {
+        self.connection.set_next_corr(corr);
+    }
+}
+
+fn acl_request(username: &str, operation: &str, pattern: &str) -> AclRequest {
+    AclRequest {
+        username: Some(text(username)),
+        operation: Some(text(operation)),
+        pattern: Some(text(pattern)),
+    }
+}
+
+pub(crate) fn text(value: &str) -> Bytes {
+    Bytes::copy_from_slice(value.as_bytes())
+}
+
+fn lossy(value: Option<Bytes>) -> String {
+    value.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()).unwrap_or_default()
+}
+
+fn unexpected(response: Response) -> ClientError {
+    ClientError::Protocol(format!("unexpected answer: {}", response.api_key()))
+}

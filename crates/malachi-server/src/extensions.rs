@@ -1,0 +1,114 @@
+//! Malachi's own keys 64-69 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
+//! and create with an initial range count. The original protocol has no keys for these.
+
+use malachi_meta::Operation;
+use malachi_wire::messages::{
+    DescribeTopicResponse, Empty, ListTopicsResponse, MergeRangesResponse, RangeDescription,
+    RangeState, SplitRangeResponse,
+};
+use malachi_wire::{Reason, Request, Response};
+
+use crate::connection::{Connection, Outcome};
+use crate::convert::{text, text_bytes};
+
+pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Request) -> Outcome {
+    let outcome = match request {
+        Request::ListTopics(_) => Ok(list_topics(connection)),
+        Request::DescribeTopic(request) => describe(connection, text(&request.topic)),
+        Request::DeleteTopic(request) => {
+            let topic = text(&request.topic).unwrap_or_default();
+            connection
+                .broker
+                .delete_topic(&topic)
+                .await
+                .map(|()| Response::DeleteTopic(Empty))
+                .map_err(|e| e.reason())
+        }
+        Request::SplitRange(request) => {
+            let topic = text(&request.topic).unwrap_or_default();
+            match connection.broker.split(&topic, request.range_id).await {
+                Ok([low, high]) => Ok(Response::SplitRange(SplitRangeResponse { low, high })),
+                Err(error) => Err(error.reason()),
+            }
+        }
+        Request::MergeRanges(request) => {
+            let topic = text(&request.topic).unwrap_or_default();
+            match connection.broker.merge(&topic, request.left, request.right).await {
+                Ok(range_id) => Ok(Response::MergeRanges(MergeRangesResponse { range_id })),
+                Err(error) => Err(error.reason()),
+            }
+        }
+        Request::CreateTopicRanges(request) => {
+            create(connection, text(&request.topic), request.initial_ranges).await
+        }
+        _ => Err(Reason::UnknownApiKey.as_str().to_string()),
+    };
+    match outcome {
+        Ok(response) => Connection::reply(corr, response),
+        Err(reason) => Connection::refuse(corr, reason),
+    }
+}
+
+/// Names of the topics this session may produce to or consume from.
+fn list_topics(connection: &Connection) -> Response {
+    let topics = connection
+        .broker
+        .list_topics()
+        .into_iter()
+        .filter(|topic| {
+            connection.permitted(Operation::Consume, topic)
+                || connection.permitted(Operation::Produce, topic)
+        })
+        .map(|topic| text_bytes(&topic))
+        .collect();
+    Response::ListTopics(ListTopicsResponse { topics })
+}
+
+fn describe(connection: &Connection, topic: Option<String>) -> Result<Response, String> {
+    let topic = topic.ok_or_else(|| Reason::NoSuchTopic.as_str().to_string())?;
+    if !connection.permitted(Operation::Consume, &topic)
+        && !connection.permitted(Operation::Produce, &topic)
+    {
+        return Err(Reason::PermissionDenied.as_str().to_string());
+    }
+    let info = connection.broker.describe_topic(&topic).map_err(|error| error.reason())?;
+    let ranges = info
+        .ranges
+        .iter()
+        .map(|range| RangeDescription {
+            range_id: range.range_id,
+            start: range.start,
+            end_inclusive: range.end_inclusive,
+            state: if range.active { RangeState::Active } else { RangeState::Sealed },
+            parents: range.parents.clone(),
+            children: range.children.clone(),
+            segments: range.segments,
+            records: range.records,
+            expired_records: range.expired_records,
+        })
+        .collect();
+    Ok(Response::DescribeTopic(DescribeTopicResponse {
+        topic: text_bytes(&info.name),
+        topic_id: info.topic_id,
+        created_ms: info.created_ms,
+        policy: info.policy.as_deref().and_then(text_bytes),
+        ranges,
+    }))
+}
+
+async fn create(
+    connection: &Connection,
+    topic: Option<String>,
+    initial_ranges: u32,
+) -> Result<Response, String> {
+    let topic = topic.ok_or_else(|| Reason::InvalidTopicName.as_str().to_string())?;
+    if !connection.permitted(Operation::Produce, &topic) {
+        return Err(Reason::PermissionDenied.as_str().to_string());
+    }
+    connection
+        .broker
+        .create_topic(&topic, Some(initial_ranges))
+        .await
+        .map(|_| Response::CreateTopicRanges(Empty))
+        .map_err(|error| error.reason())
+}

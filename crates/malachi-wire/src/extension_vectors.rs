@@ -1,0 +1,232 @@
+//! Golden vectors for Malachi's own keys 64–69, one request and one ok answer each, in the
+//! notation of section 6 (`docs/protocol.md` repeats them). Computed by a small independent
+//! Python encoder written from the layouts in `docs/protocol.md`; they pin the bytes so the
+//! server, the client and the document cannot drift apart.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::api_key::ApiKey;
+use crate::frame::split_frame;
+use crate::limits::FRAME_BYTES_MAX_DEFAULT;
+use crate::messages::*;
+use crate::reason::Reason;
+use crate::request::{Request, RequestFrame};
+use crate::response::{Expect, Response, ResponseEnvelope, ResponseFrame};
+use crate::vectors::{hex, timestamp};
+
+enum Golden {
+    Request(RequestFrame),
+    Response(ResponseFrame, Expect),
+}
+
+fn orders() -> Option<Bytes> {
+    Some(Bytes::from_static(b"orders"))
+}
+
+fn request(corr: u32, request: Request) -> Golden {
+    Golden::Request(RequestFrame::new(corr, request))
+}
+
+fn ok(corr: u32, response: Response) -> Golden {
+    let expect = Expect::Reply(response.api_key());
+    Golden::Response(ResponseFrame::ok(corr, response), expect)
+}
+
+/// A topic split once: range 0 sealed with children 1 and 2, which tile the keyspace.
+fn described() -> DescribeTopicResponse {
+    let range = |range_id, start, end_inclusive, state, parents: &[u32], children: &[u32]| {
+        RangeDescription {
+            range_id,
+            start,
+            end_inclusive,
+            state,
+            parents: parents.to_vec(),
+            children: children.to_vec(),
+            segments: 0,
+            records: 0,
+            expired_records: 0,
+        }
+    };
+    let half = 1_u64 << 63;
+    let ranges = vec![
+        RangeDescription {
+            segments: 1,
+            records: 10,
+            ..range(0, 0, u64::MAX, RangeState::Sealed, &[], &[1, 2])
+        },
+        RangeDescription {
+            segments: 1,
+            records: 4,
+            ..range(1, 0, half - 1, RangeState::Active, &[0], &[])
+        },
+        RangeDescription {
+            segments: 2,
+            records: 6,
+            expired_records: 3,
+            ..range(2, half, u64::MAX, RangeState::Active, &[0], &[])
+        },
+    ];
+    DescribeTopicResponse {
+        topic: orders(),
+        topic_id: 7,
+        created_ms: timestamp(0),
+        policy: Some(Bytes::from_static(b"short")),
+        ranges,
+    }
+}
+
+fn vectors() -> Vec<(&'static str, &'static str, Golden)> {
+    let names = vec![Some(Bytes::from_static(b"audit")), orders()];
+    vec![
+        (
+            "E1 list_topics request",
+            "00000006 0040 00000014",
+            request(20, Request::ListTopics(Empty)),
+        ),
+        (
+            "E2 list_topics ok",
+            "0000001f 00000014 0000 00000002 01 00000005 6175646974 01 00000006 6f7264657273",
+            ok(20, Response::ListTopics(ListTopicsResponse { topics: names })),
+        ),
+        (
+            "E3 describe_topic request",
+            "00000011 0041 00000015 01 00000006 6f7264657273",
+            request(21, Request::DescribeTopic(DescribeTopicRequest { topic: orders() })),
+        ),
+        (
+            "E4 describe_topic ok",
+            "000000c6 00000015 0000 01 00000006 6f7264657273 0000000000000007 0000019b76daa800
+             01 00000005 73686f7274 00000003
+             00000000 0000000000000000 ffffffffffffffff 01 0000 0002 00000001 00000002
+             00000001 000000000000000a 0000000000000000
+             00000001 0000000000000000 7fffffffffffffff 00 0001 00000000 0000
+             00000001 0000000000000004 0000000000000000
+             00000002 8000000000000000 ffffffffffffffff 00 0001 00000000 0000
+             00000002 0000000000000006 0000000000000003",
+            ok(21, Response::DescribeTopic(described())),
+        ),
+        (
+            "E5 delete_topic request",
+            "00000011 0042 00000016 01 00000006 6f7264657273",
+            request(22, Request::DeleteTopic(DeleteTopicRequest { topic: orders() })),
+        ),
+        ("E6 delete_topic ok", "00000006 00000016 0000", ok(22, Response::DeleteTopic(Empty))),
+        (
+            "E7 split_range request",
+            "00000015 0043 00000017 01 00000006 6f7264657273 00000002",
+            request(23, Request::SplitRange(SplitRangeRequest { topic: orders(), range_id: 2 })),
+        ),
+        (
+            "E8 split_range ok",
+            "0000000e 00000017 0000 00000003 00000004",
+            ok(23, Response::SplitRange(SplitRangeResponse { low: 3, high: 4 })),
+        ),
+        (
+            "E9 merge_ranges request",
+            "00000019 0044 00000018 01 00000006 6f7264657273 00000003 00000004",
+            request(
+                24,
+                Request::MergeRanges(MergeRangesRequest { topic: orders(), left: 3, right: 4 }),
+            ),
+        ),
+        (
+            "E10 merge_ranges ok",
+            "0000000a 00000018 0000 00000005",
+            ok(24, Response::MergeRanges(MergeRangesResponse { range_id: 5 })),
+        ),
+        (
+            "E11 create_topic_ranges request",
+            "00000015 0045 00000019 01 00000006 6f7264657273 00000004",
+            request(
+                25,
+                Request::CreateTopicRanges(CreateTopicRangesRequest {
+                    topic: orders(),
+                    initial_ranges: 4,
+                }),
+            ),
+        ),
+        (
+            "E12 create_topic_ranges ok",
+            "00000006 00000019 0000",
+            ok(25, Response::CreateTopicRanges(Empty)),
+        ),
+        (
+            "E13 split_range refused",
+            "00000016 00000017 0001 01 0000000b 6e6f745f62756464696573",
+            Golden::Response(
+                ResponseFrame::error(23, Reason::NotBuddies),
+                Expect::Reply(ApiKey::SplitRange),
+            ),
+        ),
+    ]
+}
+
+fn split_one(bytes: &Bytes) -> Bytes {
+    let mut buf = BytesMut::from(&bytes[..]);
+    let body = split_frame(&mut buf, FRAME_BYTES_MAX_DEFAULT).expect("within the limit");
+    assert!(buf.is_empty(), "exactly one frame");
+    body.expect("a complete frame")
+}
+
+#[test]
+fn extension_vectors_encode_and_decode_exactly() {
+    for (name, text, golden) in vectors() {
+        let bytes = hex(text);
+        let mut encoded = BytesMut::new();
+        match golden {
+            Golden::Request(frame) => {
+                frame.encode_frame(FRAME_BYTES_MAX_DEFAULT, &mut encoded).expect(name);
+                assert_eq!(encoded.freeze(), bytes, "{name}: encode");
+                assert_eq!(RequestFrame::decode(split_one(&bytes)), Ok(frame), "{name}: decode");
+            }
+            Golden::Response(frame, expect) => {
+                frame.encode_frame(FRAME_BYTES_MAX_DEFAULT, &mut encoded).expect(name);
+                assert_eq!(encoded.freeze(), bytes, "{name}: encode");
+                let envelope = ResponseEnvelope::parse(split_one(&bytes)).expect(name);
+                assert_eq!(envelope.decode(expect), Ok(frame), "{name}: decode");
+            }
+        }
+    }
+}
+
+#[test]
+fn extension_payloads_are_exact() {
+    use crate::error::{DecodeError, RequestError};
+    let malformed = |api_key, corr, error| RequestError::Malformed { api_key, corr, error };
+    let cases: &[(&str, &str, RequestError)] = &[
+        (
+            "list_topics must be empty",
+            "0040 00000001 00",
+            malformed(ApiKey::ListTopics, 1, DecodeError::TrailingBytes { count: 1 }),
+        ),
+        (
+            "split_range without its range id",
+            "0043 00000002 01 00000001 61",
+            malformed(ApiKey::SplitRange, 2, DecodeError::Truncated { needed: 4, remaining: 0 }),
+        ),
+        (
+            "merge_ranges with a trailing byte",
+            "0044 00000003 00 00000001 00000002 ff",
+            malformed(ApiKey::MergeRanges, 3, DecodeError::TrailingBytes { count: 1 }),
+        ),
+        (
+            "create_topic_ranges with a str flag 2",
+            "0045 00000004 02 00000004",
+            malformed(ApiKey::CreateTopicRanges, 4, DecodeError::InvalidStrFlag { flag: 2 }),
+        ),
+        (
+            "key 70 is unknown",
+            "0046 00000005",
+            RequestError::UnknownApiKey { api_key: 70, corr: 5 },
+        ),
+    ];
+    for (name, body, expected) in cases {
+        assert_eq!(RequestFrame::decode(hex(body)), Err(*expected), "{name}");
+    }
+    let state_2 = "00000001 0000 00 0000000000000000 0000000000000000 00 00000001
+                   00000000 0000000000000000 0000000000000000 02 0000 0000
+                   00000000 0000000000000000 0000000000000000";
+    let envelope = ResponseEnvelope::parse(hex(state_2)).expect("6+ bytes");
+    let error = DecodeError::UnknownTag { field: "range state", tag: 2 };
+    assert_eq!(envelope.decode(Expect::Reply(ApiKey::DescribeTopic)), Err(error));
+}

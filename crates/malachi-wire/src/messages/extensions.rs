@@ -1,0 +1,306 @@
+//! Malachi's own keys, 64–69: topic listing, description, deletion, and the reshard operations
+//! (split, merge, create with several ranges). The original protocol has nothing for these, so
+//! an original client never sends them; they are numbered well above the original's 0..=34 so
+//! that a later original key cannot collide. Layouts follow the same rules as every other key:
+//! exact, big-endian, `str` absent ≠ empty. `docs/protocol.md` is their user-facing contract.
+
+use bytes::Bytes;
+
+use crate::error::{DecodeError, EncodeError};
+use crate::messages::RangeState;
+use crate::primitive::{Reader, Wire, Writer};
+
+/// Key 64's ok answer: every topic's name, sorted. The request payload must be empty
+/// ([`crate::messages::Empty`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListTopicsResponse {
+    /// `list32<name:str>`, sorted by name (bytewise).
+    pub topics: Vec<Option<Bytes>>,
+}
+
+/// Key 65.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DescribeTopicRequest {
+    pub topic: Option<Bytes>,
+}
+
+/// Key 65's ok answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DescribeTopicResponse {
+    pub topic: Option<Bytes>,
+    /// Assigned by metadata, never reused: a deleted-and-recreated name gets a new id.
+    pub topic_id: u64,
+    /// When the topic was created, in milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    /// The bound storage policy's name; `None` when unbound.
+    pub policy: Option<Bytes>,
+    /// Every range the topic still knows, active and sealed, in `range_id` order.
+    pub ranges: Vec<RangeDescription>,
+}
+
+/// One range of a [`DescribeTopicResponse`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeDescription {
+    pub range_id: u32,
+    /// First keyspace point the range owns.
+    pub start: u64,
+    /// Last keyspace point the range owns (inclusive, so the full keyspace ends at `u64::MAX`).
+    pub end_inclusive: u64,
+    pub state: RangeState,
+    /// `list16<u32>`: the ranges this one was split or merged from (oldest history first).
+    pub parents: Vec<u32>,
+    /// `list16<u32>`: the ranges that replaced this one once it was sealed.
+    pub children: Vec<u32>,
+    /// Retained segments.
+    pub segments: u32,
+    /// Records retained in those segments.
+    pub records: u64,
+    /// Records removed by retention so far.
+    pub expired_records: u64,
+}
+
+/// Key 66 (admin). Ok answer: [`crate::messages::Empty`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeleteTopicRequest {
+    pub topic: Option<Bytes>,
+}
+
+/// Key 67 (admin): splits an active range into its two buddy halves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SplitRangeRequest {
+    pub topic: Option<Bytes>,
+    pub range_id: u32,
+}
+
+/// Key 67's ok answer: the two new ranges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SplitRangeResponse {
+    /// The half owning the lower keyspace points.
+    pub low: u32,
+    /// The half owning the upper keyspace points.
+    pub high: u32,
+}
+
+/// Key 68 (admin): merges two active buddy ranges into one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MergeRangesRequest {
+    pub topic: Option<Bytes>,
+    /// The buddy owning the lower keyspace points.
+    pub left: u32,
+    /// The buddy owning the upper keyspace points.
+    pub right: u32,
+}
+
+/// Key 68's ok answer: the merged range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeRangesResponse {
+    pub range_id: u32,
+}
+
+/// Key 69: like `create_topic` (1) but with the number of ranges to start with (a power of
+/// two; anything else is the server's `invalid_range_count`). Ok answer:
+/// [`crate::messages::Empty`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CreateTopicRangesRequest {
+    pub topic: Option<Bytes>,
+    pub initial_ranges: u32,
+}
+
+impl Wire for ListTopicsResponse {
+    const WIRE_BYTES_MIN: usize = 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.list32(&self.topics)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(ListTopicsResponse { topics: reader.list32()? })
+    }
+}
+
+impl Wire for DescribeTopicRequest {
+    const WIRE_BYTES_MIN: usize = 1;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(DescribeTopicRequest { topic: reader.str()? })
+    }
+}
+
+impl Wire for DescribeTopicResponse {
+    const WIRE_BYTES_MIN: usize = 1 + 8 + 8 + 1 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())?;
+        writer.u64(self.topic_id);
+        writer.u64(self.created_ms);
+        writer.str(self.policy.as_deref())?;
+        writer.list32(&self.ranges)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(DescribeTopicResponse {
+            topic: reader.str()?,
+            topic_id: reader.u64()?,
+            created_ms: reader.u64()?,
+            policy: reader.str()?,
+            ranges: reader.list32()?,
+        })
+    }
+}
+
+impl Wire for RangeDescription {
+    /// range_id, start, end, state, two empty list16s, segments, records, expired_records.
+    const WIRE_BYTES_MIN: usize = 4 + 8 + 8 + 1 + 2 + 2 + 4 + 8 + 8;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u32(self.range_id);
+        writer.u64(self.start);
+        writer.u64(self.end_inclusive);
+        writer.u8(self.state as u8);
+        writer.list16(&self.parents)?;
+        writer.list16(&self.children)?;
+        writer.u32(self.segments);
+        writer.u64(self.records);
+        writer.u64(self.expired_records);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(RangeDescription {
+            range_id: reader.u32()?,
+            start: reader.u64()?,
+            end_inclusive: reader.u64()?,
+            state: match reader.u8()? {
+                0 => RangeState::Active,
+                1 => RangeState::Sealed,
+                tag => return Err(DecodeError::UnknownTag { field: "range state", tag }),
+            },
+            parents: reader.list16()?,
+            children: reader.list16()?,
+            segments: reader.u32()?,
+            records: reader.u64()?,
+            expired_records: reader.u64()?,
+        })
+    }
+}
+
+impl Wire for DeleteTopicRequest {
+    const WIRE_BYTES_MIN: usize = 1;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(DeleteTopicRequest { topic: reader.str()? })
+    }
+}
+
+impl Wire for SplitRangeRequest {
+    const WIRE_BYTES_MIN: usize = 1 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())?;
+        writer.u32(self.range_id);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(SplitRangeRequest { topic: reader.str()?, range_id: reader.u32()? })
+    }
+}
+
+impl Wire for SplitRangeResponse {
+    const WIRE_BYTES_MIN: usize = 4 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u32(self.low);
+        writer.u32(self.high);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(SplitRangeResponse { low: reader.u32()?, high: reader.u32()? })
+    }
+}
+
+impl Wire for MergeRangesRequest {
+    const WIRE_BYTES_MIN: usize = 1 + 4 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())?;
+        writer.u32(self.left);
+        writer.u32(self.right);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(MergeRangesRequest { topic: reader.str()?, left: reader.u32()?, right: reader.u32()? })
+    }
+}
+
+impl Wire for MergeRangesResponse {
+    const WIRE_BYTES_MIN: usize = 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u32(self.range_id);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(MergeRangesResponse { range_id: reader.u32()? })
+    }
+}
+
+impl Wire for CreateTopicRangesRequest {
+    const WIRE_BYTES_MIN: usize = 1 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())?;
+        writer.u32(self.initial_ranges);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(CreateTopicRangesRequest { topic: reader.str()?, initial_ranges: reader.u32()? })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_minimal<T: Wire>(name: &str, value: &T) {
+        let encoded = value.encode_to_bytes().expect("minimal values encode");
+        assert_eq!(encoded.len(), T::WIRE_BYTES_MIN, "{name}");
+    }
+
+    #[test]
+    fn wire_bytes_min_is_the_smallest_encoding() {
+        let range = RangeDescription {
+            range_id: 0,
+            start: 0,
+            end_inclusive: 0,
+            state: RangeState::Active,
+            parents: Vec::new(),
+            children: Vec::new(),
+            segments: 0,
+            records: 0,
+            expired_records: 0,
+        };
+        assert_minimal("ListTopicsResponse", &ListTopicsResponse::default());
+        assert_minimal("DescribeTopicRequest", &DescribeTopicRequest::default());
+        assert_minimal("DescribeTopicResponse", &DescribeTopicResponse::default());
+        assert_minimal("RangeDescription", &range);
+        assert_minimal("DeleteTopicRequest", &DeleteTopicRequest::default());
+        assert_minimal("SplitRangeRequest", &SplitRangeRequest::default());
+        assert_minimal("SplitRangeResponse", &SplitRangeResponse::default());
+        assert_minimal("MergeRangesRequest", &MergeRangesRequest::default());
+        assert_minimal("MergeRangesResponse", &MergeRangesResponse::default());
+        assert_minimal("CreateTopicRangesRequest", &CreateTopicRangesRequest::default());
+    }
+}

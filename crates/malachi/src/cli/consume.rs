@@ -1,0 +1,161 @@
+//! `malachi consume TOPIC`: prints records, one value per line or one JSON object per line.
+//!
+//! Without `--follow` it reads until a page comes back empty (the topic is drained) and exits;
+//! with it, it long-polls for new records until Ctrl-C. With `--group`, each page is committed
+//! once it has been printed and flushed (at-least-once: a crash in between prints the page
+//! again next time). `--max N` stops after N records: pages ask for no more than that, but
+//! `max` counts per range, so on a topic of several ranges the last page can hold more; such a
+//! page is printed only in part and not committed (the next run prints it again).
+
+use std::io::{self, Write};
+use std::time::Duration;
+
+use malachi_client::{ClientError, Consumer, ConsumerOptions, Record};
+
+use super::Session;
+use super::output::json_line;
+use super::settings::ConnectionArgs;
+
+/// How long leaving the group may hold up the exit.
+const LEAVE_WAIT: Duration = Duration::from_secs(1);
+
+#[derive(clap::Args, Debug)]
+pub struct ConsumeArgs {
+    #[command(flatten)]
+    connection: ConnectionArgs,
+    topic: String,
+    /// Read from this consumer group's position and commit each page to it.
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
+    /// Read as this member of --group: only the ranges the group assigns to it.
+    #[arg(long, value_name = "MEMBER", requires = "group")]
+    member: Option<String>,
+    /// Keep waiting for new records (long poll) instead of exiting once drained.
+    #[arg(long)]
+    follow: bool,
+    /// Read from the oldest record, ignoring the group's position (commits still go to it).
+    #[arg(long)]
+    from_start: bool,
+    /// Exit after printing N records.
+    #[arg(long, value_name = "N")]
+    max: Option<u64>,
+    /// Print one JSON object per record: key, value, headers, timestamp_ms.
+    #[arg(long)]
+    json: bool,
+    /// Records per range per fetch.
+    #[arg(long, default_value_t = 500, value_name = "N")]
+    page_records: u32,
+    /// How long one long poll waits with --follow, in milliseconds (at most 30000).
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    wait_ms: u32,
+}
+
+/// What printing a page amounted to.
+#[derive(Debug, PartialEq, Eq)]
+enum Printed {
+    /// Every record of the page.
+    Whole,
+    /// `--max` was reached inside the page: stop, without committing it.
+    CutShort,
+    /// Stdout is closed (`| head`): stop quietly.
+    Closed,
+}
+
+pub async fn run(args: ConsumeArgs) -> Result<(), String> {
+    let session = Session::connect(&args.connection).await?;
+    let options = ConsumerOptions {
+        group: args.group.clone(),
+        member: args.member.clone(),
+        cursor: None,
+        from_start: args.from_start,
+        commit: false,
+        max: args.page_records,
+        wait_ms: if args.follow { args.wait_ms } else { 0 },
+    };
+    let mut consumer = Consumer::new(&session.client, &args.topic, options);
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    let mut remaining = args.max.unwrap_or(u64::MAX);
+    let outcome = loop {
+        if remaining == 0 {
+            break Ok(());
+        }
+        // Ask for no more than --max still allows, so that (with one range) a page is never
+        // cut short and every printed page can be committed.
+        let page_max = u64::from(args.page_records).min(remaining);
+        consumer.set_max(u32::try_from(page_max).unwrap_or(args.page_records));
+        let page = tokio::select! {
+            page = consumer.next_page() => page,
+            _ = &mut interrupted => break Ok(()),
+        };
+        let records = match page {
+            Ok(records) => records,
+            Err(error) => break Err(error),
+        };
+        if records.is_empty() {
+            if args.follow {
+                continue;
+            }
+            break Ok(());
+        }
+        match print_page(&records, &mut remaining, args.json) {
+            Printed::Whole => {}
+            Printed::CutShort | Printed::Closed => break Ok(()),
+        }
+        if let Err(error) = consumer.commit().await {
+            break Err(error);
+        }
+    };
+    if let (Some(group), Some(member)) = (&args.group, &args.member) {
+        // Leave at once so the group rebalances now rather than after the session times out.
+        // The broker answers in order, so an interrupted long poll delays the answer; past
+        // the bound the session simply expires.
+        let leave = session.client.leave_group(&args.topic, group, member);
+        let _ = tokio::time::timeout(LEAVE_WAIT, leave).await;
+    }
+    outcome.map_err(|error: ClientError| {
+        session.fail_on(&format!("consume from {}", args.topic), &args.topic, &error)
+    })
+}
+
+/// Prints up to `remaining` records of the page and flushes.
+fn print_page(records: &[Record], remaining: &mut u64, json: bool) -> Printed {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::new(stdout.lock());
+    let take = usize::try_from(*remaining).unwrap_or(usize::MAX).min(records.len());
+    let written = records[..take]
+        .iter()
+        .try_for_each(|record| write_record(&mut out, record, json))
+        .and_then(|()| out.flush());
+    if written.is_err() {
+        return Printed::Closed;
+    }
+    *remaining -= take as u64;
+    if take < records.len() { Printed::CutShort } else { Printed::Whole }
+}
+
+fn write_record(out: &mut impl Write, record: &Record, json: bool) -> io::Result<()> {
+    if json {
+        writeln!(out, "{}", json_line(record))
+    } else {
+        out.write_all(&record.value)?;
+        out.write_all(b"\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use malachi_client::RecordBuilder;
+
+    use super::*;
+
+    #[test]
+    fn plain_output_is_the_raw_value_per_line() {
+        let mut out = Vec::new();
+        let records = [RecordBuilder::new("a").build(), RecordBuilder::new(vec![0xff]).build()];
+        for record in &records {
+            write_record(&mut out, record, false).expect("writes");
+        }
+        assert_eq!(out, b"a\n\xff\n");
+    }
+}

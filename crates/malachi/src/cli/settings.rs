@@ -1,0 +1,300 @@
+//! Where the client commands connect and as whom: flags, then `MALACHI_*` environment variables,
+//! then a TOML profile, then defaults (flag > environment > profile > default, per setting).
+//!
+//! With no user from any of those and a server on this machine, the commands log in with the
+//! local broker's bootstrap admin, read from `admin.credentials` in its data directory
+//! (`MALACHI_LOG_DATA_DIR`, else `./malachi-data`, as `malachi serve` uses): so `malachi serve`
+//! in one terminal and `malachi produce orders hello` in another, from the same directory, just
+//! works. Resolution is pure ([`resolve`]); only [`Settings::load`] reads the environment and
+//! files.
+
+use std::path::{Path, PathBuf};
+
+use malachi_client::ClientConfig;
+use serde::Deserialize;
+
+/// The address used when none is given.
+pub const SERVER_DEFAULT: &str = "127.0.0.1:4040";
+/// The profile read when `--profile` is not given, relative to the home directory.
+const PROFILE_DEFAULT: &str = ".config/malachi/client.toml";
+const DATA_DIR_DEFAULT: &str = "malachi-data";
+
+/// Connection flags shared by every client command.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ConnectionArgs {
+    /// Broker address [env: MALACHI_SERVER] [default: 127.0.0.1:4040].
+    #[arg(long, global = true, value_name = "HOST:PORT")]
+    pub server: Option<String>,
+    /// User to log in as [env: MALACHI_USER] [default: the local broker's admin].
+    #[arg(long, global = true, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Password of --user [env: MALACHI_PASSWORD].
+    #[arg(long, global = true, value_name = "PASSWORD")]
+    pub password: Option<String>,
+    /// TOML file with `server`, `user`, `password` [default: ~/.config/malachi/client.toml,
+    /// if it exists].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+}
+
+/// The same flags, valid only before the subcommand: `malachi user` uses them because its own
+/// subcommands take `--password` for the user being created or changed
+/// (`malachi user --password ADMIN_PW create bob --password BOB_PW`).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct LeadingConnectionArgs {
+    /// Broker address [env: MALACHI_SERVER] [default: 127.0.0.1:4040].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub server: Option<String>,
+    /// User to log in as [env: MALACHI_USER] [default: the local broker's admin].
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Password of --user [env: MALACHI_PASSWORD].
+    #[arg(long, value_name = "PASSWORD")]
+    pub password: Option<String>,
+    /// TOML file with `server`, `user`, `password` [default: ~/.config/malachi/client.toml,
+    /// if it exists].
+    #[arg(long, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
+}
+
+impl From<LeadingConnectionArgs> for ConnectionArgs {
+    fn from(args: LeadingConnectionArgs) -> ConnectionArgs {
+        let LeadingConnectionArgs { server, user, password, profile } = args;
+        ConnectionArgs { server, user, password, profile }
+    }
+}
+
+/// Settings from one source; any may be missing.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    pub server: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+/// Where the login came from, for error hints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LoginSource {
+    Given,
+    /// The local broker's `admin.credentials`, at this path.
+    LocalAdmin(PathBuf),
+}
+
+/// The resolved settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub server: String,
+    pub user: String,
+    pub password: String,
+    pub login: LoginSource,
+}
+
+impl Settings {
+    /// Reads the environment, the profile and, if needed, the local admin credentials.
+    pub fn load(args: &ConnectionArgs) -> Result<Settings, String> {
+        let environment = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+        let flags = Layer {
+            server: args.server.clone(),
+            user: args.user.clone(),
+            password: args.password.clone(),
+        };
+        let env_layer = Layer {
+            server: environment("MALACHI_SERVER"),
+            user: environment("MALACHI_USER"),
+            password: environment("MALACHI_PASSWORD"),
+        };
+        let home = environment("HOME").map(PathBuf::from);
+        let profile = load_profile(args.profile.as_deref(), home.as_deref())?;
+        let data_dir = environment("MALACHI_LOG_DATA_DIR").unwrap_or(DATA_DIR_DEFAULT.into());
+        resolve(&[flags, env_layer, profile], |server| local_admin(server, Path::new(&data_dir)))
+    }
+
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig::new(self.server.clone()).credentials(&self.user, &self.password)
+    }
+}
+
+/// Merges `layers` (highest precedence first) over the defaults. Without a user in any layer,
+/// asks `local_admin` for the credentials of a broker on this machine.
+pub fn resolve(
+    layers: &[Layer],
+    local_admin: impl FnOnce(&str) -> Result<(String, String, PathBuf), String>,
+) -> Result<Settings, String> {
+    let first = |pick: fn(&Layer) -> &Option<String>| layers.iter().find_map(|l| pick(l).clone());
+    let server = first(|layer| &layer.server).unwrap_or_else(|| SERVER_DEFAULT.to_string());
+    match (first(|layer| &layer.user), first(|layer| &layer.password)) {
+        (Some(user), Some(password)) => {
+            Ok(Settings { server, user, password, login: LoginSource::Given })
+        }
+        (Some(user), None) => Err(format!(
+            "no password for user {user}: pass --password, set MALACHI_PASSWORD or add it to \
+             the profile"
+        )),
+        (None, _) => {
+            let (user, password, path) = local_admin(&server)?;
+            Ok(Settings { server, user, password, login: LoginSource::LocalAdmin(path) })
+        }
+    }
+}
+
+/// Whether `server` (`host:port`) names this machine.
+pub fn is_local(server: &str) -> bool {
+    let host = server.rsplit_once(':').map_or(server, |(host, _)| host);
+    matches!(host, "127.0.0.1" | "localhost" | "::1" | "[::1]")
+}
+
+/// The bootstrap admin of a broker on this machine whose data directory is `data_dir`.
+fn local_admin(server: &str, data_dir: &Path) -> Result<(String, String, PathBuf), String> {
+    let hint = "pass --user and --password (or set MALACHI_USER and MALACHI_PASSWORD)";
+    if !is_local(server) {
+        return Err(format!("no user given for {server}: {hint}"));
+    }
+    let path = malachi_broker::auth::admin_credentials_path(data_dir);
+    match malachi_broker::auth::read_admin_credentials(data_dir) {
+        Ok((user, password)) => Ok((user, password, path)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "no user given and no {} (run this from the directory where `malachi serve` runs, \
+             set MALACHI_LOG_DATA_DIR, or {hint})",
+            path.display()
+        )),
+        Err(error) => Err(format!("cannot read {}: {error}; {hint}", path.display())),
+    }
+}
+
+/// The profile: `explicit` must exist; the default one is read only if it does.
+fn load_profile(explicit: Option<&Path>, home: Option<&Path>) -> Result<Layer, String> {
+    let path = match (explicit, home) {
+        (Some(path), _) => path.to_path_buf(),
+        (None, Some(home)) => {
+            let path = home.join(PROFILE_DEFAULT);
+            if !path.exists() {
+                return Ok(Layer::default());
+            }
+            path
+        }
+        (None, None) => return Ok(Layer::default()),
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|error| format!("cannot read profile {}: {error}", path.display()))?;
+    parse_profile(&text).map_err(|error| format!("profile {}: {error}", path.display()))
+}
+
+fn parse_profile(text: &str) -> Result<Layer, String> {
+    toml::from_str(text).map_err(|error| error.message().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(server: Option<&str>, user: Option<&str>, password: Option<&str>) -> Layer {
+        Layer {
+            server: server.map(str::to_string),
+            user: user.map(str::to_string),
+            password: password.map(str::to_string),
+        }
+    }
+
+    fn no_local_admin(_: &str) -> Result<(String, String, PathBuf), String> {
+        Err("no local admin".into())
+    }
+
+    /// (flags, environment, profile) and the resulting (server, user, password).
+    type PrecedenceCase = ([Layer; 3], (&'static str, &'static str, &'static str));
+
+    #[test]
+    fn each_setting_takes_the_first_layer_that_has_it() {
+        let none = Layer::default();
+        let cases: &[PrecedenceCase] = &[
+            (
+                [layer(Some("f:1"), Some("fu"), Some("fp")), none.clone(), none.clone()],
+                ("f:1", "fu", "fp"),
+            ),
+            (
+                [
+                    layer(None, Some("fu"), None),
+                    layer(Some("e:1"), Some("eu"), Some("ep")),
+                    layer(Some("p:1"), Some("pu"), Some("pp")),
+                ],
+                ("e:1", "fu", "ep"),
+            ),
+            (
+                [none.clone(), none.clone(), layer(Some("p:1"), Some("pu"), Some("pp"))],
+                ("p:1", "pu", "pp"),
+            ),
+            (
+                [none.clone(), layer(None, Some("eu"), Some("ep")), none.clone()],
+                (SERVER_DEFAULT, "eu", "ep"),
+            ),
+        ];
+        for (layers, (server, user, password)) in cases {
+            let settings = resolve(layers, no_local_admin).expect("resolves");
+            assert_eq!(
+                (settings.server.as_str(), settings.user.as_str(), settings.password.as_str()),
+                (*server, *user, *password),
+                "{layers:?}"
+            );
+            assert_eq!(settings.login, LoginSource::Given);
+        }
+    }
+
+    #[test]
+    fn without_a_user_the_local_admin_logs_in() {
+        let local = |server: &str| {
+            assert_eq!(server, SERVER_DEFAULT);
+            Ok(("admin".to_string(), "secret".to_string(), PathBuf::from("d/admin.credentials")))
+        };
+        let settings = resolve(&[Layer::default()], local).expect("resolves");
+        assert_eq!((settings.user.as_str(), settings.password.as_str()), ("admin", "secret"));
+        assert_eq!(settings.login, LoginSource::LocalAdmin("d/admin.credentials".into()));
+        let error = resolve(&[layer(None, Some("bob"), None)], no_local_admin).unwrap_err();
+        assert!(error.starts_with("no password for user bob"), "{error}");
+        let error = resolve(&[Layer::default()], no_local_admin).unwrap_err();
+        assert_eq!(error, "no local admin");
+    }
+
+    #[test]
+    fn local_servers() {
+        let cases = [
+            ("127.0.0.1:4040", true),
+            ("localhost:1", true),
+            ("[::1]:4040", true),
+            ("10.0.0.5:4040", false),
+            ("broker.example:4040", false),
+        ];
+        for (server, local) in cases {
+            assert_eq!(is_local(server), local, "{server}");
+        }
+        let error = local_admin("10.0.0.5:4040", Path::new("nowhere")).unwrap_err();
+        assert!(error.starts_with("no user given for 10.0.0.5:4040"), "{error}");
+    }
+
+    #[test]
+    fn local_admin_reads_the_brokers_credentials_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let missing = local_admin(SERVER_DEFAULT, dir.path()).unwrap_err();
+        assert!(missing.contains("admin.credentials"), "{missing}");
+        malachi_broker::auth::write_admin_credentials(dir.path(), "admin", "pw").expect("writes");
+        let (user, password, path) = local_admin(SERVER_DEFAULT, dir.path()).expect("reads");
+        assert_eq!((user.as_str(), password.as_str()), ("admin", "pw"));
+        assert_eq!(path, dir.path().join("admin.credentials"));
+    }
+
+    #[test]
+    fn profiles() {
+        let parsed = parse_profile("server = \"b:4040\"\nuser = \"app\"\npassword = \"x\"\n");
+        assert_eq!(parsed, Ok(layer(Some("b:4040"), Some("app"), Some("x"))));
+        assert_eq!(parse_profile(""), Ok(Layer::default()));
+        assert!(parse_profile("sever = \"typo\"").is_err(), "unknown keys are refused");
+        let dir = tempfile::tempdir().expect("temp dir");
+        assert_eq!(load_profile(None, Some(dir.path())), Ok(Layer::default()), "optional");
+        let missing = dir.path().join("nope.toml");
+        assert!(load_profile(Some(&missing), None).is_err(), "an explicit profile must exist");
+        let config = dir.path().join(PROFILE_DEFAULT);
+        std::fs::create_dir_all(config.parent().expect("has a parent")).expect("mkdir");
+        std::fs::write(&config, "user = \"app\"").expect("writes");
+        let loaded = load_profile(None, Some(dir.path()));
+        assert_eq!(loaded, Ok(layer(None, Some("app"), None)));
+    }
+}
