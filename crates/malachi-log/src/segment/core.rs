@@ -77,6 +77,10 @@ pub(crate) struct Core {
     last_index_position: u64,
     pub index: SparseIndex,
     pub sealed: Option<SealInfo>,
+    /// A seal has begun: nothing more may stage, and the segment will end at this offset once
+    /// what is already staged is flushed. Without this fence a seal could chase a stream of
+    /// new appends forever.
+    pub sealing_at: Option<u64>,
     pub poisoned: Option<PoisonCause>,
     /// A flush (or a seal) owns the file's tail.
     pub flushing: bool,
@@ -107,6 +111,7 @@ impl Core {
             last_index_position: index.last_position(),
             index,
             sealed,
+            sealing_at: None,
             poisoned: None,
             flushing: false,
             limits,
@@ -122,7 +127,15 @@ impl Core {
         if let Some(seal) = self.sealed {
             return Err(AppendError::Sealed { end_offset: seal.end_offset });
         }
+        if let Some(end_offset) = self.sealing_at {
+            return Err(AppendError::Sealed { end_offset });
+        }
         Ok(())
+    }
+
+    /// Stops staging: the seal will end at the current staged end.
+    pub fn begin_seal(&mut self) {
+        self.sealing_at.get_or_insert(self.next_offset);
     }
 
     pub fn has_pending(&self) -> bool {

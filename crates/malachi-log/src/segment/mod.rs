@@ -273,6 +273,7 @@ impl Segment {
     /// segment returns the same answer.
     pub fn seal(&self) -> Result<SealInfo, SealError> {
         let mut core = self.lock();
+        core.begin_seal();
         loop {
             if let Some(cause) = core.poisoned {
                 return Err(SealError::Poisoned { cause });
@@ -289,6 +290,7 @@ impl Segment {
             }
         }
         let info = SealInfo { end_offset: core.durable_offset, data_bytes: core.durable_bytes };
+        assert_eq!(core.sealing_at, Some(info.end_offset), "a seal ends where staging stopped");
         let trailer = SealTrailer { record_count: info.end_offset, data_bytes: info.data_bytes };
         // The lock is held across this write on purpose: nothing may stage behind a seal.
         let outcome = self

@@ -395,3 +395,39 @@ fn the_crash_test_directory_is_the_one_segments_use() {
     assert_eq!(data, PathBuf::from("/d/00000000000000000012.seg"));
     assert_eq!(index, PathBuf::from("/d/00000000000000000012.idx"));
 }
+
+#[test]
+fn a_seal_is_not_starved_by_a_stream_of_appends() {
+    let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(11));
+    let segment = Arc::new(Segment::create(storage, &dir(), 1, small_config()).unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appenders: Vec<_> = (0..4)
+        .map(|thread| {
+            let segment = Arc::clone(&segment);
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut refused_at = None;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match segment.append(&records(3, &format!("t{thread}"))) {
+                        Ok(_) => {}
+                        Err(AppendError::Sealed { end_offset }) => {
+                            refused_at = Some(end_offset);
+                            break;
+                        }
+                        Err(other) => panic!("{other:?}"),
+                    }
+                }
+                refused_at
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let seal = segment.seal().unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for appender in appenders {
+        if let Some(end_offset) = appender.join().unwrap() {
+            assert_eq!(end_offset, seal.end_offset, "refusals name the exact sealed end");
+        }
+    }
+    assert_eq!(read_all(&segment).len() as u64, seal.end_offset);
+}
