@@ -48,11 +48,15 @@ pub struct SealInfo {
 pub struct AppendTicket {
     pub first_offset: u64,
     pub end_offset: u64,
+    /// The group commit that will carry these records: waiters sleep per batch, so a flush
+    /// wakes the appenders it made durable and not everyone.
+    pub batch: u64,
 }
 
 /// A flush in flight: one contiguous buffer at one file position.
 #[derive(Debug)]
 pub(crate) struct FlushJob {
+    pub batch: u64,
     pub buffer: Vec<u8>,
     pub position: u64,
     pub end_offset: u64,
@@ -71,6 +75,8 @@ pub(crate) struct Core {
     pending: Vec<u8>,
     pending_records: u64,
     pending_index: Vec<IndexEntry>,
+    /// Number of the batch being staged; the next flush job takes it.
+    pending_batch: u64,
     /// The buffer of the last finished flush, kept to be reused: no allocation in steady state.
     spare: Vec<u8>,
     /// Position of the last index entry, staged or durable.
@@ -107,6 +113,7 @@ impl Core {
             pending: Vec::new(),
             pending_records: 0,
             pending_index: Vec::new(),
+            pending_batch: 0,
             spare: Vec::new(),
             last_index_position: index.last_position(),
             index,
@@ -173,7 +180,7 @@ impl Core {
         assert_eq!(staged, encoded_bytes, "limits and encoder disagree on the batch size");
         self.next_position += staged;
         self.pending_records += records.len() as u64;
-        AppendTicket { first_offset, end_offset: self.next_offset }
+        AppendTicket { first_offset, end_offset: self.next_offset, batch: self.pending_batch }
     }
 
     pub fn limits(&self) -> &Limits {
@@ -190,12 +197,14 @@ impl Core {
         let mut buffer = std::mem::take(&mut self.spare);
         std::mem::swap(&mut buffer, &mut self.pending);
         let job = FlushJob {
+            batch: self.pending_batch,
             position: self.next_position - buffer.len() as u64,
             end_offset: self.next_offset,
             index: std::mem::take(&mut self.pending_index),
             buffer,
         };
         self.pending_records = 0;
+        self.pending_batch += 1;
         assert_eq!(job.position, self.durable_bytes, "a flush must start at the durable end");
         job
     }

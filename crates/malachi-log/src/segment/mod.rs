@@ -117,6 +117,9 @@ pub struct Segment {
     /// Signalled when the durable end moves, a flush ends, the segment poisons or seals, and
     /// when a batch fills while a flush lingers.
     changed: Condvar,
+    /// Appenders waiting for their batch, by batch number modulo 2: at most one batch is in
+    /// flight and one is staging, so two condition variables keep their waiters apart.
+    batch_done: [Condvar; 2],
 }
 
 impl Segment {
@@ -183,6 +186,7 @@ impl Segment {
             config,
             core: Mutex::new(core),
             changed: Condvar::new(),
+            batch_done: [Condvar::new(), Condvar::new()],
         }
     }
 
@@ -233,7 +237,8 @@ impl Segment {
             core = if !core.flushing && core.has_pending() {
                 self.flush_locked(core)
             } else {
-                self.wait(core)
+                let batch_done = &self.batch_done[(ticket.batch % 2) as usize];
+                batch_done.wait(core).expect("segment lock poisoned")
             };
         }
     }
@@ -301,6 +306,7 @@ impl Segment {
         if let Err(cause) = outcome {
             core.poisoned.get_or_insert(cause);
             self.changed.notify_all();
+            self.batch_done.iter().for_each(Condvar::notify_all);
             return Err(SealError::Poisoned { cause });
         }
         core.sealed = Some(info);
@@ -417,12 +423,27 @@ impl Segment {
                 .0;
         }
         let job = core.take_job();
+        let batch = job.batch;
         drop(core);
         let outcome = self.write_and_sync(&job);
         let mut core = self.lock();
         core.finish_job(job, outcome);
-        self.changed.notify_all();
+        self.wake_after_flush(batch, core.poisoned.is_some());
         core
+    }
+
+    /// Wakes the appenders of the finished batch, one appender of the batch now staging (to
+    /// lead its flush), and everyone waiting on the segment's state (seals, back-pressure).
+    /// After a failure everyone wakes to see the poison.
+    fn wake_after_flush(&self, batch: u64, poisoned: bool) {
+        self.batch_done[(batch % 2) as usize].notify_all();
+        let next = &self.batch_done[((batch + 1) % 2) as usize];
+        if poisoned {
+            next.notify_all();
+        } else {
+            next.notify_one();
+        }
+        self.changed.notify_all();
     }
 
     fn write_and_sync(&self, job: &FlushJob) -> Result<(), PoisonCause> {
