@@ -15,6 +15,7 @@ pub mod maintenance;
 pub mod node;
 pub mod notify;
 pub mod produce;
+pub mod testing;
 #[cfg(test)]
 mod testkit;
 pub mod topics;

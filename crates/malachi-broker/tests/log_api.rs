@@ -4,36 +4,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use malachi_broker::auth::OsEntropy;
-use malachi_broker::config::{BrokerConfig, Sources};
 use malachi_broker::fetch::FetchArgs;
-use malachi_broker::node::{Broker, NodeDeps};
-use malachi_broker::notify::SystemClock;
+use malachi_broker::node::Broker;
 use malachi_broker::produce::Spread;
-use malachi_consensus::GroupConfig;
-use malachi_log::{RealStorage, Record};
-
-fn config(dir: &std::path::Path) -> BrokerConfig {
-    let flags = [
-        ("LOG_DATA_DIR".to_string(), dir.display().to_string()),
-        ("ADMIN_PASS".into(), "admin-password-long".into()),
-    ]
-    .into_iter()
-    .collect();
-    let no_env = |_: &str| None;
-    BrokerConfig::load(&Sources { flags: &flags, env: &no_env, file: &Default::default() }).unwrap()
-}
+use malachi_broker::testing;
+use malachi_log::Record;
 
 async fn open(dir: &std::path::Path) -> Arc<Broker> {
-    let deps = NodeDeps {
-        config: config(dir),
-        node_id: 1,
-        storage: Arc::new(RealStorage),
-        clock: Arc::new(SystemClock),
-        entropy: Arc::new(OsEntropy),
-        raft: GroupConfig::default(),
-    };
-    Broker::open(deps).await.unwrap().0
+    testing::open(testing::config(dir, &[])).await
 }
 
 fn record(key: &str, value: String) -> Record {

@@ -1,41 +1,17 @@
 //! Guarantees under reshaping, on real files: per-key order while splits and merges run
 //! concurrently with producers, load-driven splits, and retention with skip counts.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use malachi_broker::auth::OsEntropy;
-use malachi_broker::config::{BrokerConfig, Sources};
 use malachi_broker::fetch::FetchArgs;
-use malachi_broker::node::{Broker, NodeDeps};
-use malachi_broker::notify::SystemClock;
+use malachi_broker::node::Broker;
 use malachi_broker::produce::Spread;
-use malachi_consensus::GroupConfig;
-use malachi_log::{RealStorage, Record};
+use malachi_broker::testing;
+use malachi_log::Record;
 
 async fn open(dir: &std::path::Path, settings: &[(&str, &str)]) -> Arc<Broker> {
-    let mut flags: BTreeMap<String, String> =
-        [("LOG_DATA_DIR", dir.display().to_string()), ("ADMIN_PASS", "admin-password-long".into())]
-            .into_iter()
-            .map(|(name, value)| (name.to_string(), value))
-            .collect();
-    for (name, value) in settings {
-        flags.insert(name.to_string(), value.to_string());
-    }
-    let no_env = |_: &str| None;
-    let config =
-        BrokerConfig::load(&Sources { flags: &flags, env: &no_env, file: &BTreeMap::new() })
-            .unwrap();
-    let deps = NodeDeps {
-        config,
-        node_id: 1,
-        storage: Arc::new(RealStorage),
-        clock: Arc::new(SystemClock),
-        entropy: Arc::new(OsEntropy),
-        raft: GroupConfig::default(),
-    };
-    Broker::open(deps).await.unwrap().0
+    testing::open(testing::config(dir, settings)).await
 }
 
 async fn read_all(

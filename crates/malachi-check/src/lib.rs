@@ -44,8 +44,6 @@ mod sequence;
 mod writes;
 
 #[cfg(test)]
-mod lint;
-#[cfg(test)]
 mod model_test;
 #[cfg(test)]
 mod scenarios_test;

@@ -27,8 +27,6 @@ pub mod state;
 pub mod topics;
 
 #[cfg(test)]
-mod lint;
-#[cfg(test)]
 mod testkit;
 
 pub use admin::{

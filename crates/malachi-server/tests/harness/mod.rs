@@ -3,18 +3,13 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use malachi_broker::auth::OsEntropy;
-use malachi_broker::config::{BrokerConfig, Sources};
-use malachi_broker::node::{Broker, NodeDeps};
-use malachi_broker::notify::SystemClock;
-use malachi_consensus::GroupConfig;
-use malachi_log::RealStorage;
+use malachi_broker::node::Broker;
+use malachi_broker::testing;
 use malachi_server::Server;
 use malachi_wire::messages::AuthRequest;
 use malachi_wire::{
@@ -33,35 +28,11 @@ pub struct TestServer {
 /// Starts a broker with the test accounts of wire-protocol.md section 5.9 and `settings`.
 pub async fn start(settings: &[(&str, &str)]) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
-    let mut flags: BTreeMap<String, String> = [
-        ("LOG_DATA_DIR", dir.path().display().to_string()),
-        ("TCP_PORT", "0".into()),
-        ("ADMIN_PASS", "admin-password-long".into()),
-        (
-            "DEFAULT_USERS",
-            "producer:producer123:produce;consumer:consumer123:consume;app:app123:produce,consume"
-                .into(),
-        ),
-    ]
-    .into_iter()
-    .map(|(name, value)| (name.to_string(), value))
-    .collect();
-    for (name, value) in settings {
-        flags.insert(name.to_string(), value.to_string());
-    }
-    let no_env = |_: &str| None;
-    let config =
-        BrokerConfig::load(&Sources { flags: &flags, env: &no_env, file: &BTreeMap::new() })
-            .unwrap();
-    let deps = NodeDeps {
-        config,
-        node_id: 1,
-        storage: Arc::new(RealStorage),
-        clock: Arc::new(SystemClock),
-        entropy: Arc::new(OsEntropy),
-        raft: GroupConfig::default(),
-    };
-    let (broker, _) = Broker::open(deps).await.unwrap();
+    let seed_users =
+        "producer:producer123:produce;consumer:consumer123:consume;app:app123:produce,consume";
+    let mut all: Vec<(&str, &str)> = vec![("TCP_PORT", "0"), ("DEFAULT_USERS", seed_users)];
+    all.extend_from_slice(settings);
+    let broker = testing::open(testing::config(dir.path(), &all)).await;
     let server = Server::bind(Arc::clone(&broker)).await.unwrap();
     let address = server.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::watch::channel(false);

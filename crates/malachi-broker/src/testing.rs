@@ -1,0 +1,44 @@
+//! A broker on real files for tests in this and other crates: configuration from a table of
+//! settings, real storage, the system clock and the OS's randomness.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use malachi_consensus::GroupConfig;
+use malachi_log::RealStorage;
+
+use crate::auth::OsEntropy;
+use crate::config::{BrokerConfig, Sources};
+use crate::node::{Broker, NodeDeps};
+use crate::notify::SystemClock;
+
+/// The bootstrap admin password tests use.
+pub const ADMIN_PASSWORD: &str = "admin-password-long";
+
+/// A configuration with its data in `data_dir`, the admin password above, and `settings`
+/// (setting names without the `MALACHI_` prefix) taking precedence; the environment is ignored.
+pub fn config(data_dir: &Path, settings: &[(&str, &str)]) -> BrokerConfig {
+    let mut flags: BTreeMap<String, String> = BTreeMap::new();
+    flags.insert("LOG_DATA_DIR".into(), data_dir.display().to_string());
+    flags.insert("ADMIN_PASS".into(), ADMIN_PASSWORD.into());
+    for (name, value) in settings {
+        flags.insert(name.to_string(), value.to_string());
+    }
+    let no_env = |_: &str| None;
+    BrokerConfig::load(&Sources { flags: &flags, env: &no_env, file: &BTreeMap::new() })
+        .expect("test settings are valid")
+}
+
+/// Opens node 1 on real files.
+pub async fn open(config: BrokerConfig) -> Arc<Broker> {
+    let deps = NodeDeps {
+        config,
+        node_id: 1,
+        storage: Arc::new(RealStorage),
+        clock: Arc::new(SystemClock),
+        entropy: Arc::new(OsEntropy),
+        raft: GroupConfig::default(),
+    };
+    Broker::open(deps).await.expect("the test broker opens").0
+}

@@ -1,0 +1,87 @@
+//! The determinism lint for all decision code of the workspace: these sources may not name a
+//! hash map or set, a clock, a random number generator, or (where marked) floating point, I/O or
+//! a runtime. Decision logic takes its time, randomness, disk and network from outside; that is
+//! what lets one seed replay a whole run.
+
+use std::path::{Path, PathBuf};
+
+/// Forbidden everywhere in decision code, with why.
+const ALWAYS: &[(&str, &str)] = &[
+    ("HashMap", "iteration order is unspecified; use BTreeMap"),
+    ("HashSet", "iteration order is unspecified; use BTreeSet"),
+    ("Instant::now", "no clock: take the time as an argument"),
+    ("SystemTime", "no clock: take the time as an argument"),
+    ("thread_rng", "no ambient randomness: take a seeded generator"),
+    ("rand::", "no ambient randomness: take a seeded generator"),
+];
+
+/// Forbidden in the pure state machines and the checker, which do no I/O at all.
+const PURE: &[(&str, &str)] = &[
+    ("f32", "no floating point in decisions"),
+    ("f64", "no floating point in decisions"),
+    ("std::fs", "no I/O"),
+    ("std::net", "no I/O"),
+    ("std::env", "no configuration read while deciding"),
+    ("tokio", "no runtime"),
+    ("println!", "no output: results are returned"),
+];
+
+/// Decision code, relative to the workspace root, and whether it must also be pure.
+const DECISION_CODE: &[(&str, bool)] = &[
+    ("crates/malachi-meta/src", true),
+    ("crates/malachi-check/src", true),
+    ("crates/malachi-broker/src/frontier.rs", true),
+    ("crates/malachi-broker/src/load.rs", true),
+    ("crates/malachi-broker/src/cursor.rs", true),
+    ("crates/malachi-log/src/segment/core.rs", true),
+    ("crates/malachi-log/src/format.rs", true),
+    ("crates/malachi-log/src/rng.rs", true),
+    ("crates/malachi-broker/src/produce.rs", false),
+    ("crates/malachi-broker/src/fetch.rs", false),
+    ("crates/malachi-broker/src/groups.rs", false),
+    ("crates/malachi-broker/src/topics.rs", false),
+    ("crates/malachi-broker/src/maintenance.rs", false),
+];
+
+fn rust_files(path: &Path, found: &mut Vec<PathBuf>) {
+    if path.is_file() {
+        found.push(path.to_path_buf());
+        return;
+    }
+    let entries =
+        std::fs::read_dir(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() || path.extension().is_some_and(|extension| extension == "rs") {
+            rust_files(&path, found);
+        }
+    }
+}
+
+#[test]
+fn decision_code_names_no_source_of_nondeterminism() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut checked = 0;
+    for (relative, pure) in DECISION_CODE {
+        let mut files = Vec::new();
+        rust_files(&workspace.join(relative), &mut files);
+        files.sort();
+        let rules = ALWAYS.iter().chain(if *pure { PURE } else { &[] });
+        let rules: Vec<&(&str, &str)> = rules.collect();
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("a readable source file");
+            for (number, line) in text.lines().enumerate() {
+                for (token, why) in &rules {
+                    assert!(
+                        !line.contains(token),
+                        "{}:{}: `{token}`: {why}",
+                        file.display(),
+                        number + 1
+                    );
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 40, "checked only {checked} files: is the table out of date?");
+}
