@@ -32,6 +32,7 @@
 //! simulated `AsyncRuntime` in the type configuration) and its disk through
 //! [`GroupStore::open_with_backend`] (redb's `StorageBackend`).
 
+mod backend;
 mod error;
 mod group;
 mod group_machine;
@@ -44,6 +45,7 @@ mod type_config;
 #[cfg(test)]
 mod tests;
 
+pub use backend::StorageFileBackend;
 pub use error::ConsensusError;
 pub use error::StoreError;
 pub use group::GroupConfig;
