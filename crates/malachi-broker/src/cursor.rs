@@ -27,14 +27,19 @@ use sha2::Sha256;
 
 pub const CURSOR_VERSION: u8 = 1;
 pub const TAG_BYTES: usize = 16;
-/// The most entries one cursor holds; bounds its size and its decoding work.
-pub const CURSOR_ENTRIES_MAX: usize = 4096;
+/// The most entries one cursor holds; bounds its size and its decoding work. It equals the
+/// metadata's cap on ranges a topic may ever create, so no frontier can exceed it.
+pub const CURSOR_ENTRIES_MAX: usize = 65_536;
 const ENTRY_BYTES: usize = 12;
 const HEADER_BYTES: usize = 1 + 8 + 2;
 const DRAINED: u64 = u64::MAX;
 /// The longest cursor text accepted, checked before decoding anything.
-pub const CURSOR_TEXT_BYTES_MAX: usize =
-    (HEADER_BYTES + CURSOR_ENTRIES_MAX * ENTRY_BYTES + TAG_BYTES).div_ceil(3) * 4;
+pub const CURSOR_TEXT_BYTES_MAX: usize = text_bytes_bound(CURSOR_ENTRIES_MAX);
+
+/// The length of a cursor with `entries` entries, rounded up.
+pub const fn text_bytes_bound(entries: usize) -> usize {
+    (HEADER_BYTES + entries * ENTRY_BYTES + TAG_BYTES).div_ceil(3) * 4
+}
 
 /// Where a reader stands in one range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

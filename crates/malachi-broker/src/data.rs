@@ -46,9 +46,16 @@ pub struct DataPlane {
     root: PathBuf,
     config: SegmentConfig,
     open: Mutex<BTreeMap<SegmentKey, Arc<Segment>>>,
-    /// Recovery reports of segments opened since start, for operators and tests.
+    /// Recovery reports of segments opened since start (the most recent ones), for operators.
     recoveries: Mutex<Vec<(SegmentKey, RecoveryReport)>>,
+    /// Where poisoned segments were last durable. After a failed `fdatasync` the page cache may
+    /// still show bytes that never reached the disk; reopening must cut them off rather than let
+    /// recovery trust them.
+    poisoned_ends: Mutex<BTreeMap<SegmentKey, u64>>,
 }
+
+/// Recovery reports kept for inspection.
+const RECOVERIES_KEPT_MAX: usize = 1024;
 
 impl DataPlane {
     pub fn new(storage: Arc<dyn Storage>, data_dir: &Path, config: SegmentConfig) -> DataPlane {
@@ -58,6 +65,7 @@ impl DataPlane {
             config,
             open: Mutex::new(BTreeMap::new()),
             recoveries: Mutex::new(Vec::new()),
+            poisoned_ends: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -106,16 +114,34 @@ impl DataPlane {
     }
 
     fn open_existing(&self, key: SegmentKey, dir: &Path) -> Result<Segment, DataError> {
+        let poisoned_end =
+            self.poisoned_ends.lock().expect("data plane lock poisoned").remove(&key);
+        if let Some(durable_bytes) = poisoned_end {
+            let (data_path, _) = segment_paths(dir, key.segment_id);
+            let file = self.storage.open(&data_path, malachi_log::OpenMode::Existing)?;
+            file.set_len(durable_bytes)?;
+            file.sync_data()?;
+        }
         let (segment, report) =
             Segment::open(Arc::clone(&self.storage), dir, key.segment_id, self.config)
                 .map_err(|source| DataError::Open { key, source })?;
-        self.recoveries.lock().expect("data plane lock poisoned").push((key, report));
+        let mut recoveries = self.recoveries.lock().expect("data plane lock poisoned");
+        if recoveries.len() >= RECOVERIES_KEPT_MAX {
+            recoveries.remove(0);
+        }
+        recoveries.push((key, report));
         Ok(segment)
     }
 
-    /// Forgets an open segment (after it poisoned), so the next use reopens and recovers it.
-    pub fn evict(&self, key: SegmentKey) {
-        self.open.lock().expect("data plane lock poisoned").remove(&key);
+    /// Forgets a segment whose write or sync failed, if `segment` is still the open handle, so
+    /// the next use reopens it cut back to what was durable. A handle opened since is left alone.
+    pub fn evict_poisoned(&self, key: SegmentKey, segment: &Arc<Segment>) {
+        let mut open = self.open.lock().expect("data plane lock poisoned");
+        if open.get(&key).is_some_and(|current| Arc::ptr_eq(current, segment)) {
+            open.remove(&key);
+            let durable_bytes = segment.status().durable_bytes;
+            self.poisoned_ends.lock().expect("data plane lock poisoned").insert(key, durable_bytes);
+        }
     }
 
     pub fn recoveries(&self) -> Vec<(SegmentKey, RecoveryReport)> {
@@ -124,7 +150,9 @@ impl DataPlane {
 
     /// Deletes a segment's files; a file already gone is not an error.
     pub fn remove(&self, key: SegmentKey) -> Result<(), DataError> {
-        self.open.lock().expect("data plane lock poisoned").remove(&key);
+        // Held across the deletion, so a concurrent `get` cannot reopen the file in between.
+        let mut open = self.open.lock().expect("data plane lock poisoned");
+        open.remove(&key);
         let dir = self.range_dir(key.topic_id, key.range_id);
         let (data_path, index_path) = segment_paths(&dir, key.segment_id);
         for path in [data_path, index_path] {

@@ -21,9 +21,15 @@ use crate::node::Broker;
 pub const FETCH_MAX_DEFAULT: u32 = 100;
 pub const FETCH_MAX_LIMIT: u32 = 1000;
 pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
-/// Wire bytes of records one page may carry: the 16 MiB frame less room for the envelope, the
-/// count and the largest cursor.
-pub const PAGE_RECORD_BYTES_MAX: u64 = 16 * 1024 * 1024 - 128 * 1024;
+/// Room a response frame needs besides its records and cursor: length, corr, error code, count.
+const PAGE_ENVELOPE_BYTES: u64 = 1024;
+
+/// Wire bytes of records a page may carry so that the whole response, with a cursor of up to
+/// `frontier_entries` entries, stays within the frame limit.
+pub fn page_record_bytes_max(max_frame_bytes: u32, frontier_entries: usize) -> u64 {
+    let cursor = crate::cursor::text_bytes_bound(frontier_entries) as u64;
+    u64::from(max_frame_bytes).saturating_sub(PAGE_ENVELOPE_BYTES + cursor)
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct FetchArgs<'a> {
@@ -87,10 +93,10 @@ impl Broker {
         let deadline = tokio::time::sleep(Duration::from_millis(u64::from(wait_ms)));
         tokio::pin!(deadline);
         loop {
-            let topic = self
-                .meta
-                .read(|meta| meta.0.topic(topic.topic_id).cloned())
-                .ok_or(LogError::NoSuchTopic)?;
+            let Some(topic) = self.meta.read(|meta| meta.0.topic(topic.topic_id).cloned()) else {
+                // Deleted while we waited: an empty page, as for a topic that never existed.
+                return Ok(FetchPage::default());
+            };
             let (records, skipped) =
                 self.read_frontier(&topic, &mut frontier, max, args.total_max).await?;
             if !records.is_empty() || wait_ms == 0 || deadline.is_elapsed() {
@@ -116,7 +122,7 @@ impl Broker {
             return Ok(self.member_frontier(topic, group, member));
         }
         if let Some(text) = args.cursor.filter(|text| !text.is_empty()) {
-            return self.decode_cursor(topic, text, true);
+            return self.decode_cursor(topic, text);
         }
         if let Some(group) = args.group {
             return Ok(self.group_frontier(topic, group));
@@ -124,30 +130,13 @@ impl Broker {
         Ok(frontier::initial(topic))
     }
 
-    /// Decodes and checks a client's cursor; `whole` cursors must tile the keyspace (a group
-    /// member's cursor covers only its ranges).
-    pub(crate) fn decode_cursor(
-        &self,
-        topic: &Topic,
-        text: &[u8],
-        whole: bool,
-    ) -> Result<Frontier, LogError> {
+    /// Decodes and checks a client's cursor: our tag, our topic, ranges that exist and do not
+    /// overlap (a group member's cursor covers only its ranges, so it need not tile).
+    pub(crate) fn decode_cursor(&self, topic: &Topic, text: &[u8]) -> Result<Frontier, LogError> {
         let cursor =
             self.cursors.decode(text, topic.topic_id).map_err(|_| LogError::InvalidCursor)?;
         let mut positions = cursor.positions;
-        let valid = if whole {
-            frontier::validate(topic, &positions).is_ok()
-        } else {
-            positions.iter().all(|(range_id, position)| {
-                topic
-                    .ranges
-                    .get(range_id)
-                    .is_some_and(|range| *position != RangePosition::Drained || !range.is_active())
-            })
-        };
-        if !valid {
-            return Err(LogError::InvalidCursor);
-        }
+        frontier::validate_partial(topic, &positions).map_err(|_| LogError::InvalidCursor)?;
         frontier::advance(topic, &mut positions);
         Ok(positions)
     }
@@ -164,10 +153,14 @@ impl Broker {
         let mut total_left = total_max.unwrap_or(u32::MAX);
         let mut records = Vec::new();
         let mut skipped = 0;
-        let mut budget = PAGE_RECORD_BYTES_MAX;
         let mut visited = BTreeSet::new();
+        let max_frame_bytes = self.config.max_frame_bytes;
+        let mut used = 0u64;
         frontier::advance(topic, frontier);
         loop {
+            // The frontier can grow while children are released: reserve for twice its size.
+            let budget = page_record_bytes_max(max_frame_bytes, 2 * frontier.len() + 16)
+                .saturating_sub(used);
             let unread: Vec<(u32, u64)> = frontier
                 .iter()
                 .filter_map(|(&range_id, position)| match position {
@@ -185,10 +178,12 @@ impl Broker {
                     break;
                 }
                 visited.insert(range_id);
-                let read =
-                    self.read_range(topic, range_id, offset, max.min(total_left), budget).await?;
+                let budget = page_record_bytes_max(max_frame_bytes, 2 * frontier.len() + 16)
+                    .saturating_sub(used);
+                let limits = (max.min(total_left), budget, records.is_empty());
+                let read = self.read_range(topic, range_id, offset, limits).await?;
                 total_left -= read.records.len() as u32;
-                budget = budget.saturating_sub(read.wire_bytes);
+                used += read.wire_bytes;
                 skipped += read.skipped;
                 records.extend(read.records);
                 frontier.insert(range_id, read.next);
@@ -197,16 +192,17 @@ impl Broker {
         }
     }
 
+    /// Reads one range from `offset`: at most `max` records and `budget` wire bytes; an
+    /// over-budget record is taken only when `page_empty` (so one record always fits a page
+    /// alone, and never overflows one).
     async fn read_range(
         &self,
         topic: &Topic,
         range_id: u32,
         mut offset: u64,
-        max: u32,
-        budget: u64,
+        (max, budget, page_empty): (u32, u64, bool),
     ) -> Result<RangeRead, LogError> {
         let range = &topic.ranges[&range_id];
-        let spans = self.segment_spans(topic.topic_id, range_id);
         let mut read = RangeRead {
             records: Vec::new(),
             next: RangePosition::At(offset),
@@ -217,19 +213,28 @@ impl Broker {
             read.skipped = range.expired_records - offset;
             offset = range.expired_records;
         }
-        let mut range_end = offset;
-        for span in &spans {
-            let key =
-                SegmentKey { topic_id: topic.topic_id, range_id, segment_id: span.segment_id };
-            let end = span.base
-                + span.sealed_end.unwrap_or_else(|| {
+        let spans: Vec<(SegmentSpan, u64)> = self
+            .segment_spans(topic.topic_id, range_id)
+            .into_iter()
+            .map(|span| {
+                let length = span.sealed_end.unwrap_or_else(|| {
                     self.active_durable_end(topic.topic_id, range_id, span.segment_id)
                 });
-            range_end = end;
-            if offset >= end || read.records.len() as u32 >= max || read.wire_bytes >= budget {
+                (span, span.base + length)
+            })
+            .collect();
+        let range_end = spans.last().map_or(offset, |(_, end)| *end);
+        let mut full = false;
+        for (span, end) in spans {
+            if end <= offset {
                 continue;
             }
+            if full || read.records.len() as u32 >= max {
+                break;
+            }
             offset = offset.max(span.base);
+            let key =
+                SegmentKey { topic_id: topic.topic_id, range_id, segment_id: span.segment_id };
             let segment = match self.data.get(key) {
                 Ok(segment) => segment,
                 Err(DataError::Missing(_)) => {
@@ -241,17 +246,26 @@ impl Broker {
                 Err(error) => return Err(error.into()),
             };
             let wanted = max - read.records.len() as u32;
-            let batch = data::read(segment, offset - span.base, wanted, budget - read.wire_bytes)
+            let bytes_left = budget.saturating_sub(read.wire_bytes).max(1);
+            let batch = data::read(segment, offset - span.base, wanted, bytes_left)
                 .await
                 .map_err(DataError::from)?;
+            let got = batch.records.len();
             for stored in batch.records {
                 let bytes = wire_bytes(&stored.record);
-                if !read.records.is_empty() && read.wire_bytes + bytes > budget {
+                let alone = page_empty && read.records.is_empty();
+                if read.wire_bytes + bytes > budget && !alone {
+                    full = true;
                     break;
                 }
                 read.wire_bytes += bytes;
                 read.records.push(stored.record);
                 offset += 1;
+            }
+            // A segment read that stopped short (its byte budget, a page limit) ends this
+            // range's part of the page: moving to the next segment would skip the rest.
+            if got == 0 || offset < end {
+                break;
             }
         }
         let drained = !range.is_active() && offset >= range_end;

@@ -23,6 +23,8 @@ pub enum FrontierError {
     DrainedActiveRange(u32),
     #[error("the frontier does not cover the keyspace exactly once")]
     NotATiling,
+    #[error("two ranges of the frontier overlap")]
+    Overlapping,
 }
 
 /// Where a reader with no position starts: every initial range, at its first record.
@@ -47,6 +49,22 @@ pub fn validate(topic: &Topic, frontier: &Frontier) -> Result<(), FrontierError>
     }
     extents.sort_by_key(|extent| extent.start);
     if tiles_keyspace(extents) { Ok(()) } else { Err(FrontierError::NotATiling) }
+}
+
+/// Checks a frontier that may cover only part of the keyspace (a group member's share): its
+/// ranges exist, only sealed ones are drained, and no two overlap.
+pub fn validate_partial(topic: &Topic, frontier: &Frontier) -> Result<(), FrontierError> {
+    let mut extents: Vec<Extent> = Vec::with_capacity(frontier.len());
+    for (&range_id, position) in frontier {
+        let range = topic.ranges.get(&range_id).ok_or(FrontierError::UnknownRange(range_id))?;
+        if *position == RangePosition::Drained && range.is_active() {
+            return Err(FrontierError::DrainedActiveRange(range_id));
+        }
+        extents.push(range.extent);
+    }
+    extents.sort_by_key(|extent| extent.start);
+    let overlapping = extents.windows(2).any(|pair| pair[1].start <= pair[0].end_inclusive);
+    if overlapping { Err(FrontierError::Overlapping) } else { Ok(()) }
 }
 
 /// Replaces drained ranges by their children wherever every parent of a child is drained, until
@@ -182,6 +200,28 @@ mod tests {
         ];
         for (frontier, expected) in cases {
             assert_eq!(validate(&topic, &frontier), expected, "{frontier:?}");
+        }
+    }
+
+    #[test]
+    fn partial_frontiers_must_not_overlap() {
+        let mut builder = TopicBuilder::new(2);
+        let [low, _] = builder.split(0);
+        let topic = builder.topic();
+        let cases: Vec<(Frontier, Result<(), FrontierError>)> = vec![
+            (Frontier::from([(low, RangePosition::At(0))]), Ok(())),
+            (Frontier::from([(1, RangePosition::At(0)), (low, RangePosition::At(3))]), Ok(())),
+            (
+                Frontier::from([(0, RangePosition::At(0)), (low, RangePosition::At(0))]),
+                Err(FrontierError::Overlapping),
+            ),
+            (
+                Frontier::from([(1, RangePosition::Drained)]),
+                Err(FrontierError::DrainedActiveRange(1)),
+            ),
+        ];
+        for (frontier, expected) in cases {
+            assert_eq!(validate_partial(&topic, &frontier), expected, "{frontier:?}");
         }
     }
 

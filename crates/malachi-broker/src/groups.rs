@@ -42,6 +42,14 @@ impl Members {
         members.keys().cloned().collect()
     }
 
+    /// Forgets members silent for a whole session and groups left empty.
+    pub fn prune(&mut self, now_ms: u64) {
+        for members in self.groups.values_mut() {
+            members.retain(|_, last_seen_ms| *last_seen_ms + SESSION_TIMEOUT_MS > now_ms);
+        }
+        self.groups.retain(|_, members| !members.is_empty());
+    }
+
     pub fn leave(&mut self, topic_id: u64, group: &str, member: &str) {
         if let Some(members) = self.groups.get_mut(&(topic_id, group.to_string())) {
             members.remove(member);
@@ -105,7 +113,7 @@ impl Broker {
             .meta
             .read(|meta| meta.0.topic_by_name(topic).cloned())
             .ok_or(LogError::NoSuchTopic)?;
-        let positions = self.decode_cursor(&topic, text, false)?;
+        let positions = self.decode_cursor(&topic, text)?;
         let positions = self.meta.read(|meta| {
             positions
                 .iter()
@@ -222,5 +230,7 @@ mod tests {
         assert_eq!(members.heartbeat(1, "g", "b", 30_000), vec!["b"], "a was silent for 30 s");
         members.leave(1, "g", "b");
         assert_eq!(members.heartbeat(1, "g", "c", 30_001), vec!["c"]);
+        members.prune(60_001);
+        assert!(members.groups.is_empty(), "silent groups are forgotten");
     }
 }

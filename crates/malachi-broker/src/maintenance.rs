@@ -22,6 +22,8 @@ impl Broker {
                 broker.reshape_by_load().await;
                 broker.roll_by_age();
                 let now_ms = broker.clock.now_ms();
+                broker.members.lock().expect("members lock poisoned").prune(now_ms);
+                let now_ms = broker.clock.now_ms();
                 if now_ms >= last_retention_ms + broker.config.retention_interval_ms {
                     last_retention_ms = now_ms;
                     if let Err(error) = broker.run_retention().await {

@@ -7,6 +7,7 @@
 //! here: their outcome is unknown, so the client decides (at-least-once).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_log::{AppendError, Record};
@@ -90,16 +91,20 @@ impl Broker {
             let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
             let bytes: u64 = owned.iter().map(Record::user_bytes).sum();
             tasks.spawn(async move {
-                let outcome = data::append(segment, owned).await;
-                (batch, bytes, outcome)
+                let outcome = data::append(Arc::clone(&segment), owned).await;
+                (batch, bytes, segment, outcome)
             });
         }
         let mut fenced = Vec::new();
         let mut failure = None;
+        let mut appended_any = false;
         while let Some(joined) = tasks.join_next().await {
-            let (batch, bytes, outcome) = joined.expect("append task panicked");
+            let (batch, bytes, segment, outcome) = joined.expect("append task panicked");
             match outcome {
-                Ok(_) => self.after_append(batch.key, batch.indexes.len() as u64, bytes),
+                Ok(_) => {
+                    self.after_append(batch.key, batch.indexes.len() as u64, bytes);
+                    appended_any = true;
+                }
                 Err(AppendError::Sealed { .. }) => {
                     self.heal_sealed_head(
                         batch.key.topic_id,
@@ -111,14 +116,20 @@ impl Broker {
                 }
                 Err(error) => {
                     if matches!(error, AppendError::Poisoned { .. }) {
-                        self.repair_poisoned(batch.key);
+                        self.repair_poisoned(batch.key, &segment);
                     }
                     failure.get_or_insert(LogError::from(DataError::Append(error)));
                 }
             }
         }
         match failure {
-            Some(error) => Err(error),
+            Some(error) => {
+                // Ranges that did take their records must still wake their long polls.
+                if appended_any {
+                    self.notifier.notify(topic_id);
+                }
+                Err(error)
+            }
             None => {
                 fenced.sort_unstable();
                 Ok(fenced)
@@ -187,8 +198,8 @@ impl Broker {
 
     /// A segment whose write or sync failed: reopen it (recovery keeps exactly what reached the
     /// disk), seal it there and roll, so the range takes writes again on a new segment.
-    fn repair_poisoned(&self, key: SegmentKey) {
-        self.data.evict(key);
+    fn repair_poisoned(&self, key: SegmentKey, segment: &Arc<malachi_log::Segment>) {
+        self.data.evict_poisoned(key, segment);
         self.request_roll(key.topic_id, key.range_id);
     }
 

@@ -164,3 +164,56 @@ async fn retention_deletes_sealed_segments_and_readers_learn_what_they_skipped()
         "resumes at the oldest retained record"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_fit_the_frame_and_lose_nothing_across_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [
+        ("MAX_FRAME_SIZE", "16384"),
+        ("SEGMENT_MAX_BYTES", "4096"),
+        ("AUTO_SPLIT_ENABLED", "false"),
+    ];
+    let broker = open(dir.path(), &settings).await;
+    broker.create_topic("big", Some(2)).await.unwrap();
+    for at in 0..30 {
+        let record = Record::keyed(
+            format!("k{}", at % 4),
+            Bytes::from(format!("{at:04}{}", "x".repeat(1500))),
+            0,
+        );
+        broker.produce("big", vec![record], &mut Spread::default()).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let info = broker.describe_topic("big").unwrap();
+    assert!(info.ranges.iter().any(|range| range.segments > 2), "segments rolled: {info:?}");
+    let stored: u64 = info.ranges.iter().map(|range| range.records).sum();
+    assert_eq!(stored, 30, "{info:#?}");
+    let mut cursor: Option<String> = None;
+    let mut values = Vec::new();
+    loop {
+        let args = FetchArgs {
+            topic: "big",
+            cursor: cursor.as_deref().map(str::as_bytes),
+            max: 1000,
+            ..FetchArgs::default()
+        };
+        let page = broker.fetch(&args).await.unwrap();
+        let bytes: u64 = page.records.iter().map(malachi_broker::fetch::wire_bytes).sum();
+        assert!(
+            bytes + page.next_cursor.len() as u64 + 64 <= 16384,
+            "a page of {bytes} bytes overflows the frame"
+        );
+        if page.records.is_empty() {
+            break;
+        }
+        values.extend(
+            page.records
+                .iter()
+                .map(|record| String::from_utf8(record.value[..4].to_vec()).unwrap()),
+        );
+        cursor = Some(page.next_cursor);
+    }
+    values.sort();
+    let expected: Vec<String> = (0..30).map(|at| format!("{at:04}")).collect();
+    assert_eq!(values, expected, "every record exactly once");
+}

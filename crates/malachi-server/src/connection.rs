@@ -101,6 +101,12 @@ impl Connection {
                     return;
                 }
             };
+            // Deleting a user (or changing its permissions) revokes its sessions: checked
+            // before anything of the request is done.
+            if !self.session_alive() {
+                let _ = self.send(&ResponseFrame::error(0, Reason::PermissionDenied)).await;
+                return;
+            }
             let outcome = self.handle(body).await;
             let sent = match outcome {
                 Outcome::Reply(frame) => self.send(&frame).await,
@@ -109,7 +115,7 @@ impl Connection {
                     return;
                 }
             };
-            if sent.is_err() || !self.session_alive() {
+            if sent.is_err() {
                 return;
             }
         }
@@ -123,10 +129,15 @@ impl Connection {
         let _ = self.writer.shutdown().await;
     }
 
-    /// Deleting a user revokes its sessions: the next request finds it gone and closes.
-    fn session_alive(&self) -> bool {
-        let username = &self.session.username;
-        self.broker.admin_group().read(|admin| admin.0.user(username).is_some())
+    /// The session's user still exists with the permissions it logged in with.
+    pub(crate) fn session_alive(&self) -> bool {
+        let session = &self.session;
+        self.broker.admin_group().read(|admin| {
+            admin
+                .0
+                .user(&session.username)
+                .is_some_and(|user| user.permissions == session.permissions)
+        })
     }
 
     async fn handle(&mut self, body: Bytes) -> Outcome {

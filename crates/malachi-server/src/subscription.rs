@@ -63,6 +63,9 @@ impl Subscription {
     pub(crate) async fn run(self, connection: &mut Connection, frames: &mut Frames) {
         let mut progress = Progress { cursor: None, in_flight: 0 };
         loop {
+            if !connection.session_alive() {
+                break;
+            }
             let credit = self.window.saturating_sub(progress.in_flight);
             let page =
                 next_page(Arc::clone(&connection.broker), self.fetch_plan(&progress), credit);
@@ -199,7 +202,8 @@ async fn next_page(
         member: member.as_deref(),
         max,
         wait_ms: POLL_WAIT_MS,
-        total_max: Some(credit.max(1)),
+        // A push carries at most min(max, window - in_flight) records (section 3.3).
+        total_max: Some(credit.min(max).max(1)),
     };
     broker.fetch(&args).await.map_err(|error| error.reason())
 }

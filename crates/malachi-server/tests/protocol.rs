@@ -220,3 +220,27 @@ proptest! {
         });
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_user_revokes_its_open_sessions() {
+    let server = start(&[]).await;
+    let mut consumer = WireClient::login(server.address, "consumer", "consumer123").await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    admin.call(create("orders")).await.unwrap();
+    assert!(matches!(
+        consumer.call(fetch("orders", None)).await.unwrap().body,
+        ResponseBody::Ok(_)
+    ));
+    let delete = Request::DeleteUser(malachi_wire::messages::DeleteUserRequest {
+        username: text("consumer"),
+    });
+    assert!(matches!(admin.call(delete).await.unwrap().body, ResponseBody::Ok(_)));
+    consumer.send(fetch("orders", None)).await;
+    let answer = consumer.recv(Expect::Reply(malachi_wire::ApiKey::Fetch)).await.unwrap();
+    assert_eq!(
+        (answer.corr, reason(&answer).as_str()),
+        (0, "permission_denied"),
+        "nothing is served"
+    );
+    assert!(consumer.is_closed().await);
+}

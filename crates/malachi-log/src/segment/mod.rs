@@ -247,6 +247,9 @@ impl Segment {
     /// drive flushes themselves, such as the simulator. Returns the durable end.
     pub fn flush(&self) -> Result<u64, AppendError> {
         let mut core = self.lock();
+        if let Some(cause) = core.poisoned {
+            return Err(AppendError::Poisoned { cause });
+        }
         if !core.flushing && core.has_pending() {
             core = self.flush_locked(core);
         }
