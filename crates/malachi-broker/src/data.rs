@@ -45,7 +45,7 @@ pub struct DataPlane {
     storage: Arc<dyn Storage>,
     root: PathBuf,
     config: SegmentConfig,
-    open: Mutex<BTreeMap<SegmentKey, Arc<Segment>>>,
+    open: Mutex<OpenSegments>,
     /// Recovery reports of segments opened since start (the most recent ones), for operators.
     recoveries: Mutex<Vec<(SegmentKey, RecoveryReport)>>,
     /// Where poisoned segments were last durable. After a failed `fdatasync` the page cache may
@@ -57,13 +57,67 @@ pub struct DataPlane {
 /// Recovery reports kept for inspection.
 const RECOVERIES_KEPT_MAX: usize = 1024;
 
+/// Sealed segments kept open at once; the least recently used are closed beyond it (each holds
+/// a file descriptor and its sparse index). Active segments are never closed.
+pub const OPEN_SEALED_SEGMENTS_MAX: usize = 256;
+
+/// Open segment handles with least-recently-used closing of sealed ones.
+#[derive(Debug, Default)]
+struct OpenSegments {
+    handles: BTreeMap<SegmentKey, (Arc<Segment>, u64)>,
+    /// Bumped by every use; the handle's value is its last use.
+    uses: u64,
+}
+
+impl OpenSegments {
+    fn get(&mut self, key: &SegmentKey) -> Option<Arc<Segment>> {
+        self.uses += 1;
+        let uses = self.uses;
+        self.handles.get_mut(key).map(|(segment, last_use)| {
+            *last_use = uses;
+            Arc::clone(segment)
+        })
+    }
+
+    fn is(&self, key: &SegmentKey, segment: &Arc<Segment>) -> bool {
+        self.handles.get(key).is_some_and(|(current, _)| Arc::ptr_eq(current, segment))
+    }
+
+    fn insert(&mut self, key: SegmentKey, segment: Arc<Segment>) {
+        self.uses += 1;
+        self.handles.insert(key, (segment, self.uses));
+        let sealed =
+            self.handles.values().filter(|(segment, _)| segment.status().sealed.is_some()).count();
+        if sealed > OPEN_SEALED_SEGMENTS_MAX {
+            let coldest = self
+                .handles
+                .iter()
+                .filter(|(_, (segment, _))| segment.status().sealed.is_some())
+                .min_by_key(|(_, (_, last_use))| *last_use)
+                .map(|(key, _)| *key);
+            if let Some(coldest) = coldest {
+                // Readers holding it keep it open until they finish.
+                self.handles.remove(&coldest);
+            }
+        }
+    }
+
+    fn remove(&mut self, key: &SegmentKey) {
+        self.handles.remove(key);
+    }
+
+    fn len(&self) -> usize {
+        self.handles.len()
+    }
+}
+
 impl DataPlane {
     pub fn new(storage: Arc<dyn Storage>, data_dir: &Path, config: SegmentConfig) -> DataPlane {
         DataPlane {
             storage,
             root: data_dir.join("topics"),
             config,
-            open: Mutex::new(BTreeMap::new()),
+            open: Mutex::new(OpenSegments::default()),
             recoveries: Mutex::new(Vec::new()),
             poisoned_ends: Mutex::new(BTreeMap::new()),
         }
@@ -82,7 +136,7 @@ impl DataPlane {
     pub fn create(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
         let mut open = self.open.lock().expect("data plane lock poisoned");
         if let Some(segment) = open.get(&key) {
-            return Ok(Arc::clone(segment));
+            return Ok(segment);
         }
         let dir = self.range_dir(key.topic_id, key.range_id);
         let (data_path, _) = segment_paths(&dir, key.segment_id);
@@ -101,7 +155,7 @@ impl DataPlane {
     pub fn get(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
         let mut open = self.open.lock().expect("data plane lock poisoned");
         if let Some(segment) = open.get(&key) {
-            return Ok(Arc::clone(segment));
+            return Ok(segment);
         }
         let dir = self.range_dir(key.topic_id, key.range_id);
         let (data_path, _) = segment_paths(&dir, key.segment_id);
@@ -137,11 +191,16 @@ impl DataPlane {
     /// the next use reopens it cut back to what was durable. A handle opened since is left alone.
     pub fn evict_poisoned(&self, key: SegmentKey, segment: &Arc<Segment>) {
         let mut open = self.open.lock().expect("data plane lock poisoned");
-        if open.get(&key).is_some_and(|current| Arc::ptr_eq(current, segment)) {
+        if open.is(&key, segment) {
             open.remove(&key);
             let durable_bytes = segment.status().durable_bytes;
             self.poisoned_ends.lock().expect("data plane lock poisoned").insert(key, durable_bytes);
         }
+    }
+
+    /// Segment handles open now.
+    pub fn open_segments(&self) -> usize {
+        self.open.lock().expect("data plane lock poisoned").len()
     }
 
     pub fn recoveries(&self) -> Vec<(SegmentKey, RecoveryReport)> {
@@ -195,4 +254,39 @@ pub async fn read(
 /// Seals on a blocking thread.
 pub async fn seal(segment: Arc<Segment>) -> Result<SealInfo, SealError> {
     tokio::task::spawn_blocking(move || segment.seal()).await.expect("seal task panicked")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use malachi_log::SimStorage;
+
+    #[test]
+    fn sealed_segments_beyond_the_cap_are_closed_and_reopen_on_use() {
+        let data = DataPlane::new(
+            Arc::new(SimStorage::new(1)),
+            Path::new("/data"),
+            SegmentConfig::default(),
+        );
+        let active = SegmentKey { topic_id: 1, range_id: 0, segment_id: 0 };
+        data.create(active).unwrap();
+        let sealed_count = OPEN_SEALED_SEGMENTS_MAX as u64 + 10;
+        for segment_id in 1..=sealed_count {
+            let key = SegmentKey { topic_id: 1, range_id: 0, segment_id };
+            data.create(key).unwrap().seal().unwrap();
+            // Touch the segment once more so the cap sees it sealed.
+            data.get(key).unwrap();
+        }
+        assert!(
+            data.open_segments() <= OPEN_SEALED_SEGMENTS_MAX + 2,
+            "{} open",
+            data.open_segments()
+        );
+        let first = SegmentKey { topic_id: 1, range_id: 0, segment_id: 1 };
+        assert_eq!(data.get(first).unwrap().status().sealed.map(|seal| seal.end_offset), Some(0));
+        assert!(
+            data.get(active).unwrap().status().sealed.is_none(),
+            "the active segment stays open"
+        );
+    }
 }
