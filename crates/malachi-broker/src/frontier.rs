@@ -37,8 +37,15 @@ pub fn initial(topic: &Topic) -> Frontier {
         .collect()
 }
 
-/// Checks a frontier that came from a client against the topic's ranges.
+/// Checks that a frontier tiles the keyspace with ranges of the topic (see `extents_of`).
 pub fn validate(topic: &Topic, frontier: &Frontier) -> Result<(), FrontierError> {
+    let extents = extents_of(topic, frontier)?;
+    if tiles_keyspace(extents) { Ok(()) } else { Err(FrontierError::NotATiling) }
+}
+
+/// The extents of a frontier's ranges in keyspace order, after checking that every range
+/// exists and that only sealed ranges are drained.
+fn extents_of(topic: &Topic, frontier: &Frontier) -> Result<Vec<Extent>, FrontierError> {
     let mut extents: Vec<Extent> = Vec::with_capacity(frontier.len());
     for (&range_id, position) in frontier {
         let range = topic.ranges.get(&range_id).ok_or(FrontierError::UnknownRange(range_id))?;
@@ -48,21 +55,13 @@ pub fn validate(topic: &Topic, frontier: &Frontier) -> Result<(), FrontierError>
         extents.push(range.extent);
     }
     extents.sort_by_key(|extent| extent.start);
-    if tiles_keyspace(extents) { Ok(()) } else { Err(FrontierError::NotATiling) }
+    Ok(extents)
 }
 
 /// Checks a frontier that may cover only part of the keyspace (a group member's share): its
 /// ranges exist, only sealed ones are drained, and no two overlap.
 pub fn validate_partial(topic: &Topic, frontier: &Frontier) -> Result<(), FrontierError> {
-    let mut extents: Vec<Extent> = Vec::with_capacity(frontier.len());
-    for (&range_id, position) in frontier {
-        let range = topic.ranges.get(&range_id).ok_or(FrontierError::UnknownRange(range_id))?;
-        if *position == RangePosition::Drained && range.is_active() {
-            return Err(FrontierError::DrainedActiveRange(range_id));
-        }
-        extents.push(range.extent);
-    }
-    extents.sort_by_key(|extent| extent.start);
+    let extents = extents_of(topic, frontier)?;
     let overlapping = extents.windows(2).any(|pair| pair[1].start <= pair[0].end_inclusive);
     if overlapping { Err(FrontierError::Overlapping) } else { Ok(()) }
 }
