@@ -39,9 +39,21 @@ pub enum DataError {
     Io(#[from] io::Error),
 }
 
+/// Where blocking storage calls run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// On the runtime's blocking threads, so an `fdatasync` never stalls an async worker.
+    #[default]
+    Threads,
+    /// On the calling task: for the deterministic simulator, whose disk answers at once and
+    /// whose schedule must not depend on OS threads.
+    Inline,
+}
+
 /// Segment files of one node.
 #[derive(Debug)]
 pub struct DataPlane {
+    io_mode: IoMode,
     storage: Arc<dyn Storage>,
     root: PathBuf,
     config: SegmentConfig,
@@ -113,7 +125,17 @@ impl OpenSegments {
 
 impl DataPlane {
     pub fn new(storage: Arc<dyn Storage>, data_dir: &Path, config: SegmentConfig) -> DataPlane {
+        DataPlane::with_io_mode(storage, data_dir, config, IoMode::Threads)
+    }
+
+    pub fn with_io_mode(
+        storage: Arc<dyn Storage>,
+        data_dir: &Path,
+        config: SegmentConfig,
+        io_mode: IoMode,
+    ) -> DataPlane {
         DataPlane {
+            io_mode,
             storage,
             root: data_dir.join("topics"),
             config,
@@ -229,31 +251,39 @@ fn ignore_missing(error: io::Error) -> io::Result<()> {
     if error.kind() == io::ErrorKind::NotFound { Ok(()) } else { Err(error) }
 }
 
-/// Appends on a blocking thread: the call waits for `fdatasync`.
-pub async fn append(
-    segment: Arc<Segment>,
-    records: Vec<Record>,
-) -> Result<AppendTicket, AppendError> {
-    tokio::task::spawn_blocking(move || segment.append(&records))
-        .await
-        .expect("append task panicked")
-}
+impl DataPlane {
+    /// Appends and waits for `fdatasync`.
+    pub async fn append(
+        &self,
+        segment: Arc<Segment>,
+        records: Vec<Record>,
+    ) -> Result<AppendTicket, AppendError> {
+        self.run(move || segment.append(&records)).await
+    }
 
-/// Reads on a blocking thread.
-pub async fn read(
-    segment: Arc<Segment>,
-    from_offset: u64,
-    records_max: u32,
-    bytes_max: u64,
-) -> Result<ReadBatch, ReadError> {
-    tokio::task::spawn_blocking(move || segment.read(from_offset, records_max, bytes_max))
-        .await
-        .expect("read task panicked")
-}
+    pub async fn read(
+        &self,
+        segment: Arc<Segment>,
+        from_offset: u64,
+        records_max: u32,
+        bytes_max: u64,
+    ) -> Result<ReadBatch, ReadError> {
+        self.run(move || segment.read(from_offset, records_max, bytes_max)).await
+    }
 
-/// Seals on a blocking thread.
-pub async fn seal(segment: Arc<Segment>) -> Result<SealInfo, SealError> {
-    tokio::task::spawn_blocking(move || segment.seal()).await.expect("seal task panicked")
+    pub async fn seal(&self, segment: Arc<Segment>) -> Result<SealInfo, SealError> {
+        self.run(move || segment.seal()).await
+    }
+
+    /// Runs a blocking storage call where the I/O mode says.
+    pub async fn run<T: Send + 'static>(&self, call: impl FnOnce() -> T + Send + 'static) -> T {
+        match self.io_mode {
+            IoMode::Inline => call(),
+            IoMode::Threads => {
+                tokio::task::spawn_blocking(call).await.expect("storage task panicked")
+            }
+        }
+    }
 }
 
 #[cfg(test)]

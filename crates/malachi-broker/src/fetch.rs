@@ -12,7 +12,7 @@ use malachi_log::Record;
 use malachi_meta::Topic;
 
 use crate::cursor::{Cursor, RangePosition};
-use crate::data::{self, DataError, SegmentKey};
+use crate::data::{DataError, SegmentKey};
 use crate::error::LogError;
 use crate::frontier::{self, Frontier};
 use crate::node::Broker;
@@ -247,7 +247,9 @@ impl Broker {
             };
             let wanted = max - read.records.len() as u32;
             let bytes_left = budget.saturating_sub(read.wire_bytes).max(1);
-            let batch = data::read(segment, offset - span.base, wanted, bytes_left)
+            let batch = self
+                .data
+                .read(segment, offset - span.base, wanted, bytes_left)
                 .await
                 .map_err(DataError::from)?;
             let got = batch.records.len();

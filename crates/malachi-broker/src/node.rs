@@ -14,7 +14,7 @@ use malachi_meta::{AdminCommand, AdminError, LockoutPolicy};
 use crate::auth::{self, Entropy};
 use crate::config::BrokerConfig;
 use crate::cursor::CursorKey;
-use crate::data::DataPlane;
+use crate::data::{DataPlane, IoMode};
 use crate::groups::Members;
 use crate::load::LoadTracker;
 use crate::machines::{AdminMachine, MetaMachine};
@@ -32,6 +32,10 @@ pub struct NodeDeps {
     pub clock: Arc<dyn Clock>,
     pub entropy: Arc<dyn Entropy>,
     pub raft: GroupConfig,
+    /// Where blocking storage and hashing calls run (the simulator runs them inline).
+    pub io_mode: IoMode,
+    /// The cursor secret; `None` loads it from (or creates it in) the data directory.
+    pub cursor_secret: Option<[u8; 32]>,
 }
 
 /// What boot found or did, for the operator's first screen.
@@ -97,10 +101,17 @@ impl Broker {
         let meta =
             RaftGroup::<MetaMachine>::open(&store, VNODE_GROUP_ID, deps.node_id, deps.raft.clone())
                 .await?;
-        let cursors = load_cursor_key(&data_dir, &*deps.entropy)
-            .map_err(|source| data_dir_error(&data_dir, source))?;
-        let data =
-            DataPlane::new(Arc::clone(&deps.storage), &data_dir, segment_config(&deps.config));
+        let cursors = match deps.cursor_secret {
+            Some(secret) => CursorKey::new(secret),
+            None => load_cursor_key(&data_dir, &*deps.entropy)
+                .map_err(|source| data_dir_error(&data_dir, source))?,
+        };
+        let data = DataPlane::with_io_mode(
+            Arc::clone(&deps.storage),
+            &data_dir,
+            segment_config(&deps.config),
+            deps.io_mode,
+        );
         let broker = Arc::new_cyclic(|me| Broker {
             me: me.clone(),
             load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
@@ -185,7 +196,7 @@ impl Broker {
         permissions: Vec<String>,
         role: Option<String>,
     ) -> Result<(), BootError> {
-        let password_hash = hash_off_thread(password.to_string(), Arc::clone(&self.entropy)).await;
+        let password_hash = self.hash_password(password.to_string()).await;
         let command = AdminCommand::CreateUser {
             username: username.into(),
             password_hash,
@@ -196,6 +207,13 @@ impl Broker {
             Ok(_) | Err(AdminError::UserExists) => Ok(()),
             Err(error) => Err(BootError::Users(format!("user {username}: {}", error.reason()))),
         }
+    }
+
+    /// Argon2id costs tens of milliseconds of CPU: it runs where blocking work runs, never on
+    /// an async worker (inline only under the simulator).
+    pub async fn hash_password(&self, password: String) -> String {
+        let entropy = Arc::clone(&self.entropy);
+        self.data.run(move || auth::hash_password(&password, &*entropy)).await
     }
 
     pub(crate) fn self_handle(&self) -> Option<Arc<Broker>> {
@@ -235,13 +253,6 @@ impl Broker {
         let _ = self.meta.shutdown().await;
         let _ = self.admin.shutdown().await;
     }
-}
-
-/// Argon2id costs tens of milliseconds of CPU: never on the async threads.
-pub async fn hash_off_thread(password: String, entropy: Arc<dyn Entropy>) -> String {
-    tokio::task::spawn_blocking(move || auth::hash_password(&password, &*entropy))
-        .await
-        .expect("hashing task panicked")
 }
 
 pub fn segment_config(config: &BrokerConfig) -> SegmentConfig {

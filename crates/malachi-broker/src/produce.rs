@@ -13,7 +13,7 @@ use std::time::Duration;
 use malachi_log::{AppendError, Record};
 use malachi_meta::key_point;
 
-use crate::data::{self, DataError, SegmentKey};
+use crate::data::{DataError, SegmentKey};
 use crate::error::LogError;
 use crate::node::Broker;
 
@@ -90,8 +90,9 @@ impl Broker {
             };
             let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
             let bytes: u64 = owned.iter().map(Record::user_bytes).sum();
+            let broker = self.self_handle().expect("the broker outlives its requests");
             tasks.spawn(async move {
-                let outcome = data::append(Arc::clone(&segment), owned).await;
+                let outcome = broker.data.append(Arc::clone(&segment), owned).await;
                 (batch, bytes, segment, outcome)
             });
         }

@@ -10,6 +10,7 @@ use malachi_log::RealStorage;
 
 use crate::auth::OsEntropy;
 use crate::config::{BrokerConfig, Sources};
+use crate::data::IoMode;
 use crate::node::{Broker, NodeDeps};
 use crate::notify::SystemClock;
 
@@ -39,6 +40,8 @@ pub async fn open(config: BrokerConfig) -> Arc<Broker> {
         clock: Arc::new(SystemClock),
         entropy: Arc::new(OsEntropy),
         raft: GroupConfig::default(),
+        io_mode: IoMode::Threads,
+        cursor_secret: None,
     };
     Broker::open(deps).await.expect("the test broker opens").0
 }

@@ -175,7 +175,7 @@ impl Broker {
             })
             .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))?;
         let segment = self.data.get(SegmentKey { topic_id, range_id, segment_id })?;
-        let info = crate::data::seal(segment).await.map_err(|error| LogError::Storage {
+        let info = self.data.seal(segment).await.map_err(|error| LogError::Storage {
             reason: "unfenced",
             detail: format!("the write head of range {range_id} could not be sealed: {error}"),
         })?;

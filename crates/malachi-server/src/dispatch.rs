@@ -3,7 +3,6 @@
 
 use bytes::Bytes;
 use malachi_broker::fetch::FetchArgs;
-use malachi_broker::node::hash_off_thread;
 use malachi_meta::{
     AdminCommand, AdminError, MetaCommand, Operation, PolicyDefaults, RetentionDefaults,
 };
@@ -204,8 +203,7 @@ async fn create_user(
     else {
         return Err(AdminError::InvalidPermissions.reason());
     };
-    let entropy = std::sync::Arc::clone(connection.broker.entropy());
-    let password_hash = hash_off_thread(password, entropy).await;
+    let password_hash = connection.broker.hash_password(password).await;
     let command = AdminCommand::CreateUser { username, password_hash, permissions, role: None };
     admin_command(connection, command).await.map(|()| Response::CreateUser(Empty))
 }
@@ -218,8 +216,7 @@ async fn change_password(
     else {
         return Err(Reason::MalformedRequest.as_str().into());
     };
-    let entropy = std::sync::Arc::clone(connection.broker.entropy());
-    let password_hash = hash_off_thread(password, entropy).await;
+    let password_hash = connection.broker.hash_password(password).await;
     admin_command(connection, AdminCommand::ChangePassword { username, password_hash })
         .await
         .map(|()| Response::ChangePassword(Empty))

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use malachi_broker::auth::OsEntropy;
 use malachi_broker::config::{BrokerConfig, Sources};
+use malachi_broker::data::IoMode;
 use malachi_broker::node::{Broker, NodeDeps};
 use malachi_broker::notify::SystemClock;
 use malachi_consensus::GroupConfig;
@@ -101,6 +102,8 @@ async fn serve(config: BrokerConfig, node_id: u64) -> Result<(), String> {
         clock: Arc::new(SystemClock),
         entropy: Arc::new(OsEntropy),
         raft: GroupConfig::default(),
+        io_mode: IoMode::Threads,
+        cursor_secret: None,
     };
     let (broker, report) = Broker::open(deps).await.map_err(|error| error.to_string())?;
     let server = Server::bind(Arc::clone(&broker)).await.map_err(|error| {
