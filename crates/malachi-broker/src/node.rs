@@ -38,6 +38,23 @@ pub struct NodeDeps {
     pub cursor_secret: Option<[u8; 32]>,
 }
 
+impl NodeDeps {
+    /// A production node: real files, the system clock, the OS's randomness, blocking I/O on
+    /// blocking threads, the cursor secret kept in the data directory.
+    pub fn production(config: BrokerConfig, node_id: u64) -> NodeDeps {
+        NodeDeps {
+            config,
+            node_id,
+            storage: Arc::new(malachi_log::RealStorage),
+            clock: Arc::new(crate::notify::SystemClock),
+            entropy: Arc::new(auth::OsEntropy),
+            raft: GroupConfig::default(),
+            io_mode: IoMode::Threads,
+            cursor_secret: None,
+        }
+    }
+}
+
 /// What boot found or did, for the operator's first screen.
 #[derive(Debug, Default)]
 pub struct BootReport {

@@ -5,14 +5,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use malachi_consensus::GroupConfig;
-use malachi_log::RealStorage;
-
-use crate::auth::OsEntropy;
 use crate::config::{BrokerConfig, Sources};
-use crate::data::IoMode;
 use crate::node::{Broker, NodeDeps};
-use crate::notify::SystemClock;
 
 /// The bootstrap admin password tests use.
 pub const ADMIN_PASSWORD: &str = "admin-password-long";
@@ -33,15 +27,6 @@ pub fn config(data_dir: &Path, settings: &[(&str, &str)]) -> BrokerConfig {
 
 /// Opens node 1 on real files.
 pub async fn open(config: BrokerConfig) -> Arc<Broker> {
-    let deps = NodeDeps {
-        config,
-        node_id: 1,
-        storage: Arc::new(RealStorage),
-        clock: Arc::new(SystemClock),
-        entropy: Arc::new(OsEntropy),
-        raft: GroupConfig::default(),
-        io_mode: IoMode::Threads,
-        cursor_secret: None,
-    };
+    let deps = NodeDeps::production(config, 1);
     Broker::open(deps).await.expect("the test broker opens").0
 }

@@ -5,13 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use malachi_broker::auth::OsEntropy;
 use malachi_broker::config::{BrokerConfig, Sources};
-use malachi_broker::data::IoMode;
 use malachi_broker::node::{Broker, NodeDeps};
-use malachi_broker::notify::SystemClock;
-use malachi_consensus::GroupConfig;
-use malachi_log::RealStorage;
 use malachi_server::Server;
 
 #[derive(clap::Args, Debug)]
@@ -95,16 +90,7 @@ fn read_toml(path: &std::path::Path) -> Result<BTreeMap<String, String>, String>
 
 async fn serve(config: BrokerConfig, node_id: u64) -> Result<(), String> {
     let data_dir = config.data_dir.clone();
-    let deps = NodeDeps {
-        config,
-        node_id,
-        storage: Arc::new(RealStorage),
-        clock: Arc::new(SystemClock),
-        entropy: Arc::new(OsEntropy),
-        raft: GroupConfig::default(),
-        io_mode: IoMode::Threads,
-        cursor_secret: None,
-    };
+    let deps = NodeDeps::production(config, node_id);
     let (broker, report) = Broker::open(deps).await.map_err(|error| error.to_string())?;
     let server = Server::bind(Arc::clone(&broker)).await.map_err(|error| {
         format!("binding {}:{}: {error}", broker.config().bind_address, broker.config().tcp_port)
