@@ -36,6 +36,22 @@ pub struct NodeDeps {
     pub io_mode: IoMode,
     /// The cursor secret; `None` loads it from (or creates it in) the data directory.
     pub cursor_secret: Option<[u8; 32]>,
+    /// The node's Raft store; `None` opens `raft.redb` in the data directory. The simulator
+    /// passes a store on its simulated disk, committing inline.
+    pub raft_store: Option<GroupStore>,
+    /// Deliberate bugs the simulator switches on to prove its checks bite; all off otherwise.
+    pub canaries: Canaries,
+}
+
+/// Deliberate bugs, each one a broken guarantee the simulator must catch. Never on outside the
+/// simulator's canary runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Canaries {
+    /// Segments acknowledge a flush before (without) its `fdatasync`.
+    pub ack_before_fsync: bool,
+    /// A split records the parent's current end without sealing it first, so appends still in
+    /// flight land past the end metadata recorded.
+    pub skip_split_fence: bool,
 }
 
 impl NodeDeps {
@@ -51,6 +67,8 @@ impl NodeDeps {
             raft: GroupConfig::default(),
             io_mode: IoMode::Threads,
             cursor_secret: None,
+            raft_store: None,
+            canaries: Canaries::default(),
         }
     }
 }
@@ -73,6 +91,7 @@ pub struct Broker {
     pub(crate) notifier: Notifier,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) entropy: Arc<dyn Entropy>,
+    pub(crate) canaries: Canaries,
     /// Serializes rolls, splits, merges and retention on this node, so two of them never race
     /// for one write head. Produce and fetch never take it.
     pub(crate) reshape_lock: tokio::sync::Mutex<()>,
@@ -107,7 +126,10 @@ impl Broker {
     pub async fn open(deps: NodeDeps) -> Result<(Arc<Broker>, BootReport), BootError> {
         let data_dir = deps.config.data_dir.clone();
         std::fs::create_dir_all(&data_dir).map_err(|source| data_dir_error(&data_dir, source))?;
-        let store = GroupStore::open(data_dir.join("raft.redb"))?;
+        let store = match deps.raft_store {
+            Some(store) => store,
+            None => GroupStore::open(data_dir.join("raft.redb"))?,
+        };
         let admin = RaftGroup::<AdminMachine>::open(
             &store,
             ADMIN_GROUP_ID,
@@ -123,12 +145,12 @@ impl Broker {
             None => load_cursor_key(&data_dir, &*deps.entropy)
                 .map_err(|source| data_dir_error(&data_dir, source))?,
         };
-        let data = DataPlane::with_io_mode(
-            Arc::clone(&deps.storage),
-            &data_dir,
-            segment_config(&deps.config),
-            deps.io_mode,
-        );
+        let segments = SegmentConfig {
+            canary_ack_before_fsync: deps.canaries.ack_before_fsync,
+            ..segment_config(&deps.config)
+        };
+        let data =
+            DataPlane::with_io_mode(Arc::clone(&deps.storage), &data_dir, segments, deps.io_mode);
         let broker = Arc::new_cyclic(|me| Broker {
             me: me.clone(),
             load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
@@ -141,6 +163,7 @@ impl Broker {
             notifier: Notifier::default(),
             clock: deps.clock,
             entropy: deps.entropy,
+            canaries: deps.canaries,
             reshape_lock: tokio::sync::Mutex::new(()),
             rolling: Mutex::new(BTreeSet::new()),
             members: Mutex::new(Members::default()),

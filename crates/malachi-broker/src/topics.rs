@@ -182,6 +182,21 @@ impl Broker {
         Ok(SealReport { segment_id, end_offset: info.end_offset, data_bytes: info.data_bytes })
     }
 
+    /// The skip-split-fence canary's "seal": the head's durable end now, with the head left
+    /// open for the appends already routed to it.
+    fn canary_unfenced_end(&self, topic_id: u64, range_id: u32) -> Result<SealReport, LogError> {
+        let segment_id = self
+            .meta
+            .read(|meta| meta.0.topic(topic_id)?.ranges.get(&range_id)?.active_segment_id())
+            .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))?;
+        let status = self.data.get(SegmentKey { topic_id, range_id, segment_id })?.status();
+        Ok(SealReport {
+            segment_id,
+            end_offset: status.durable_offset,
+            data_bytes: status.durable_bytes,
+        })
+    }
+
     /// Rolls a range's active segment: seal it, record the end, open the next one.
     pub async fn roll(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
         let _reshape = self.reshape_lock.lock().await;
@@ -255,7 +270,11 @@ impl Broker {
         topic_id: u64,
         range_id: u32,
     ) -> Result<[u32; 2], LogError> {
-        let seal = self.fence(topic_id, range_id).await?;
+        let seal = if self.canaries.skip_split_fence {
+            self.canary_unfenced_end(topic_id, range_id)?
+        } else {
+            self.fence(topic_id, range_id).await?
+        };
         let command = MetaCommand::SplitRange(SplitRange {
             topic_id,
             range_id,

@@ -27,6 +27,8 @@ async fn a_broker_runs_on_one_thread_over_the_simulated_disk() {
         raft: GroupConfig::default(),
         io_mode: IoMode::Inline,
         cursor_secret: Some([9; 32]),
+        raft_store: None,
+        canaries: Default::default(),
     };
     let (broker, _) = Broker::open(deps).await.unwrap();
     broker.create_topic("sim", None).await.unwrap();

@@ -18,7 +18,7 @@ use malachi_wire::messages::*;
 use malachi_wire::{PolicyField, Record, Request, Response};
 use tokio::net::TcpStream;
 
-use crate::connection::Connection;
+use crate::connection::{Connection, StreamReader, StreamWriter};
 use crate::error::ClientError;
 use crate::subscription::Subscription;
 
@@ -159,7 +159,29 @@ impl Client {
     async fn connect_unbounded(config: ClientConfig) -> Result<Client, ClientError> {
         let stream = TcpStream::connect(&config.address).await?;
         stream.set_nodelay(true)?;
-        let connection = Connection::start(stream, config.max_frame_bytes);
+        let (read, write) = stream.into_split();
+        Client::handshake(config, Box::new(read), Box::new(write)).await
+    }
+
+    /// Authenticates over an already open byte stream (`config.address` is then only a label):
+    /// the simulator's connections, or a transport the caller set up itself.
+    pub async fn connect_over(
+        config: ClientConfig,
+        read: StreamReader,
+        write: StreamWriter,
+    ) -> Result<Client, ClientError> {
+        let connect_timeout = config.connect_timeout;
+        tokio::time::timeout(connect_timeout, Client::handshake(config, read, write))
+            .await
+            .unwrap_or(Err(ClientError::Timeout))
+    }
+
+    async fn handshake(
+        config: ClientConfig,
+        read: StreamReader,
+        write: StreamWriter,
+    ) -> Result<Client, ClientError> {
+        let connection = Connection::start(read, write, config.max_frame_bytes);
         let mut client = Client { connection, config, token: None };
         if let Some(credentials) = client.config.credentials.clone() {
             let request = AuthRequest {

@@ -19,7 +19,7 @@
 //! full), a subscription buffers [`PUSHES_BUFFERED_MAX`] pushes (the server's window bounds
 //! them too), and incoming frames are refused over the configured frame limit.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -29,9 +29,7 @@ use malachi_wire::response::Expect;
 use malachi_wire::{
     ApiKey, Request, RequestFrame, Response, ResponseBody, ResponseEnvelope, split_frame,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -65,11 +63,16 @@ struct Shared {
 #[derive(Debug)]
 struct State {
     next_corr: u32,
-    waiters: HashMap<u32, Waiter>,
+    /// Ordered, so that a closing connection fails its waiters in one reproducible order.
+    waiters: BTreeMap<u32, Waiter>,
     /// The last error the server sent on `corr` 0.
     connection_error: Option<Vec<u8>>,
     closed: Option<CloseCause>,
 }
+
+/// The two directions of a connection to a broker: TCP halves, or the simulator's pipes.
+pub type StreamReader = Box<dyn AsyncRead + Send + Sync + Unpin>;
+pub type StreamWriter = Box<dyn AsyncWrite + Send + Sync + Unpin>;
 
 #[derive(Debug)]
 enum Waiter {
@@ -80,12 +83,15 @@ enum Waiter {
 }
 
 impl Connection {
-    pub(crate) fn start(stream: TcpStream, max_frame_bytes: u32) -> Connection {
-        let (read, write) = stream.into_split();
+    pub(crate) fn start(
+        read: StreamReader,
+        write: StreamWriter,
+        max_frame_bytes: u32,
+    ) -> Connection {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 next_corr: 1,
-                waiters: HashMap::new(),
+                waiters: BTreeMap::new(),
                 connection_error: None,
                 closed: None,
             }),
@@ -248,7 +254,7 @@ impl Shared {
 }
 
 async fn write_loop(
-    mut write: OwnedWriteHalf,
+    mut write: StreamWriter,
     mut queue: mpsc::Receiver<Bytes>,
     shared: Arc<Shared>,
 ) {
@@ -270,7 +276,7 @@ async fn write_loop(
     let _ = write.shutdown().await;
 }
 
-async fn read_loop(mut read: OwnedReadHalf, shared: Arc<Shared>, max_frame_bytes: u32) {
+async fn read_loop(mut read: StreamReader, shared: Arc<Shared>, max_frame_bytes: u32) {
     let cause = match read_frames(&mut read, &shared, max_frame_bytes).await {
         Ok(()) => CloseCause::Closed,
         Err(cause) => cause,
@@ -280,7 +286,7 @@ async fn read_loop(mut read: OwnedReadHalf, shared: Arc<Shared>, max_frame_bytes
 
 /// Reads until the server closes (`Ok`) or something fails.
 async fn read_frames(
-    read: &mut OwnedReadHalf,
+    read: &mut StreamReader,
     shared: &Shared,
     max_frame_bytes: u32,
 ) -> Result<(), CloseCause> {

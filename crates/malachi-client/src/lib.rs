@@ -38,6 +38,7 @@ mod tests;
 
 pub use batch::{ProduceBatch, RecordBuilder, now_ms, record_wire_bytes};
 pub use client::{Acl, Client, ClientConfig, Credentials, FetchOptions, SubscribeOptions, User};
+pub use connection::{StreamReader, StreamWriter};
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::ClientError;
 pub use subscription::Subscription;

@@ -39,6 +39,7 @@ mod group_machine;
 mod log_store;
 mod machine;
 mod network;
+mod runtime;
 mod store;
 mod type_config;
 
@@ -57,5 +58,7 @@ pub use network::NoPeers;
 pub use network::RaftMessage;
 pub use network::TransportError;
 pub use network::TransportFuture;
+pub use runtime::{MalachiRuntime, RaftRng, seed_raft_rng};
 pub use store::FORMAT_VERSION;
 pub use store::GroupStore;
+pub use store::WriterMode;

@@ -73,9 +73,11 @@ pub struct GroupStore {
 
 struct StoreInner {
     database: Arc<Database>,
-    /// The only sender of the writer's queue; `None` only while the store is being dropped.
+    /// The only sender of the writer's queue; `None` only while the store is being dropped, or
+    /// always for an inline store.
     writer: Option<mpsc::Sender<WriteJob>>,
     writer_thread: Option<std::thread::JoinHandle<()>>,
+    mode: WriterMode,
     /// `Some(reason)` once a commit failed; shared with the writer thread.
     poison: Arc<Mutex<Option<String>>>,
 }
@@ -91,6 +93,16 @@ impl Drop for StoreInner {
             tracing::error!("raft store writer thread panicked");
         }
     }
+}
+
+/// Where a store's commits run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriterMode {
+    /// One writer thread folds the queued writes of all groups into shared fsynced commits.
+    Thread,
+    /// Every write commits on the caller, at once, one transaction per write: the simulator's
+    /// mode, where a thread would make the order of events depend on the OS scheduler.
+    Inline,
 }
 
 /// One change of a job; every op of every job of a batch commits atomically.
@@ -153,11 +165,27 @@ impl GroupStore {
 
     /// Opens a store on a custom redb backend: the seam where the simulator's disk (which can
     /// lose unsynced writes, fail fsync, fill up) plugs in.
-    pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<GroupStore, StoreError> {
+    pub fn open_with_backend(
+        backend: impl redb::StorageBackend,
+        mode: WriterMode,
+    ) -> Result<GroupStore, StoreError> {
         let database = Database::builder()
             .create_with_backend(backend)
             .map_err(|error| StoreError::Open(error.to_string()))?;
-        Self::from_database(database)
+        match mode {
+            WriterMode::Thread => Self::from_database(database),
+            WriterMode::Inline => {
+                check_format(&database)?;
+                let inner = StoreInner {
+                    database: Arc::new(database),
+                    writer: None,
+                    writer_thread: None,
+                    mode,
+                    poison: Arc::new(Mutex::new(None)),
+                };
+                Ok(GroupStore { inner: Arc::new(inner) })
+            }
+        }
     }
 
     fn from_database(database: Database) -> Result<GroupStore, StoreError> {
@@ -175,6 +203,7 @@ impl GroupStore {
             database,
             writer: Some(writer),
             writer_thread: Some(writer_thread),
+            mode: WriterMode::Thread,
             poison,
         };
         Ok(GroupStore { inner: Arc::new(inner) })
@@ -223,6 +252,13 @@ impl GroupStore {
     ) -> Result<(), StoreError> {
         if let Some(reason) = self.poisoned() {
             return Err(StoreError::Poisoned(reason));
+        }
+        if self.inner.mode == WriterMode::Inline {
+            let result = commit_ops(&self.inner.database, ops.iter(), persist == Persist::Fsync);
+            if let Err(error) = &result {
+                lock_poison(&self.inner.poison).get_or_insert_with(|| error.to_string());
+            }
+            return result;
         }
         let (done, answer) = oneshot::channel();
         let job = WriteJob { ops, persist, done };
@@ -367,6 +403,15 @@ fn run_writer(
 
 fn commit_batch(database: &Database, batch: &[WriteJob]) -> Result<(), StoreError> {
     let durable = batch.iter().any(|job| job.persist == Persist::Fsync);
+    commit_ops(database, batch.iter().flat_map(|job| job.ops.iter()), durable)
+}
+
+/// Commits `ops` as one transaction, fsynced if `durable`.
+fn commit_ops<'a>(
+    database: &Database,
+    ops: impl Iterator<Item = &'a WriteOp>,
+    durable: bool,
+) -> Result<(), StoreError> {
     let mut transaction = database.begin_write().map_err(io_error)?;
     let durability = if durable { Durability::Immediate } else { Durability::None };
     transaction.set_durability(durability).map_err(io_error)?;
@@ -374,7 +419,7 @@ fn commit_batch(database: &Database, batch: &[WriteJob]) -> Result<(), StoreErro
         let mut log = transaction.open_table(LOG).map_err(io_error)?;
         let mut state = transaction.open_table(GROUP_STATE).map_err(io_error)?;
         let mut snapshots = transaction.open_table(SNAPSHOT).map_err(io_error)?;
-        for op in batch.iter().flat_map(|job| job.ops.iter()) {
+        for op in ops {
             apply_op(op, &mut log, &mut state, &mut snapshots)?;
         }
     }

@@ -286,7 +286,8 @@ async fn a_failed_fsync_stops_the_group_with_a_typed_error() {
         memory: redb::backends::InMemoryBackend::new(),
         fail_sync: fail_sync.clone(),
     };
-    let store = GroupStore::open_with_backend(backend).expect("open store");
+    let store =
+        GroupStore::open_with_backend(backend, crate::WriterMode::Thread).expect("open store");
     let group = open_group(&store, 1, fast_config(1024)).await;
     assert_eq!(group.propose(add("x", 1)).await, Ok(1));
 
@@ -450,6 +451,12 @@ async fn openraft_storage_suite() {
 /// unsynced tail.
 #[tokio::test]
 async fn acknowledged_proposals_survive_a_crash_of_the_simulated_disk() {
+    for mode in [crate::WriterMode::Thread, crate::WriterMode::Inline] {
+        proposals_survive_a_crash(mode).await;
+    }
+}
+
+async fn proposals_survive_a_crash(mode: crate::WriterMode) {
     use malachi_log::{OpenMode, SimFaults, SimStorage, Storage};
     let sim = SimStorage::new(42);
     sim.set_faults(SimFaults {
@@ -464,7 +471,7 @@ async fn acknowledged_proposals_survive_a_crash_of_the_simulated_disk() {
     {
         let file = sim.open(&path, OpenMode::CreateNew).unwrap();
         sim.sync_dir(dir).unwrap();
-        let store = GroupStore::open_with_backend(crate::StorageFileBackend::new(file))
+        let store = GroupStore::open_with_backend(crate::StorageFileBackend::new(file), mode)
             .expect("open store");
         let group = open_group(&store, 3, fast_config(16)).await;
         propose_adds(&group, &mut model, 50).await;
@@ -474,8 +481,8 @@ async fn acknowledged_proposals_survive_a_crash_of_the_simulated_disk() {
     }
     sim.restart();
     let file = sim.open(&path, OpenMode::Existing).unwrap();
-    let store =
-        GroupStore::open_with_backend(crate::StorageFileBackend::new(file)).expect("reopen store");
+    let store = GroupStore::open_with_backend(crate::StorageFileBackend::new(file), mode)
+        .expect("reopen store");
     let group = open_group(&store, 3, fast_config(16)).await;
     assert_eq!(group.read(|machine| machine.snapshot()), model.snapshot());
     group.shutdown().await.expect("shutdown");

@@ -54,7 +54,7 @@ impl<M: StateMachine> RaftTypeConfig for GroupTypeConfig<M> {
     type Payload = openraft::EntryPayload<Self::D, u64, Self::Node>;
     type Entry =
         openraft::Entry<<Self::LeaderId as openraft::vote::RaftLeaderId>::Committed, Self::Payload>;
-    type AsyncRuntime = openraft_rt_tokio::TokioRuntime;
+    type AsyncRuntime = crate::runtime::MalachiRuntime;
     type Responder<T>
         = openraft::impls::ProgressResponder<Self, T>
     where

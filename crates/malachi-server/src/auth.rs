@@ -13,7 +13,6 @@ use malachi_broker::node::Broker;
 use malachi_meta::AdminCommand;
 use malachi_wire::messages::{AuthRequest, TokenResponse};
 use malachi_wire::{ApiKey, Reason, Request, RequestEnvelope, Response, ResponseFrame};
-use tokio::net::tcp::OwnedWriteHalf;
 
 use crate::ServerShared;
 use crate::connection::{Frames, Session, write_frame};
@@ -22,7 +21,7 @@ use crate::convert::text;
 /// Reads and answers the first frame; `Some` only for a successful login.
 pub(crate) async fn authenticate(
     frames: &mut Frames,
-    writer: &mut OwnedWriteHalf,
+    writer: &mut crate::connection::ConnectionWriter,
     peer: SocketAddr,
     broker: &Arc<Broker>,
     shared: &ServerShared,
@@ -104,10 +103,9 @@ async fn login(
     });
     let hash = stored.as_ref().map(|(hash, _)| hash.clone());
     let checked_password = password.clone();
+    // Argon2 runs where the broker runs blocking work (inline under the simulator).
     let matches =
-        tokio::task::spawn_blocking(move || verify_password(hash.as_deref(), &checked_password))
-            .await
-            .unwrap_or(false);
+        broker.data_plane().run(move || verify_password(hash.as_deref(), &checked_password)).await;
     let Some((_, permissions)) = stored.filter(|_| matches) else {
         if rate_limited {
             shared

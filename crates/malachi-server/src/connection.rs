@@ -17,9 +17,8 @@ use malachi_broker::node::Broker;
 use malachi_broker::produce::Spread;
 use malachi_meta::Permission;
 use malachi_wire::{ApiKey, FrameCodec, Reason, RequestEnvelope, Response, ResponseFrame};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio_util::codec::FramedRead;
 
 use crate::ServerShared;
@@ -45,12 +44,17 @@ pub enum Outcome {
     Subscribe(crate::subscription::Subscription),
 }
 
-pub(crate) type Frames = FramedRead<OwnedReadHalf, FrameCodec>;
+/// The two directions of a connection: TCP halves for a real server, the simulator's pipes
+/// under simulation. One dynamic call per read or write is noise next to a frame's work.
+pub type ConnectionReader = Box<dyn AsyncRead + Send + Sync + Unpin>;
+pub type ConnectionWriter = Box<dyn AsyncWrite + Send + Sync + Unpin>;
+
+pub(crate) type Frames = FramedRead<ConnectionReader, FrameCodec>;
 
 pub(crate) struct Connection {
     pub broker: Arc<Broker>,
     pub shared: Arc<ServerShared>,
-    pub writer: OwnedWriteHalf,
+    pub writer: ConnectionWriter,
     pub session: Session,
     pub spread: Spread,
 }
@@ -63,8 +67,19 @@ pub(crate) async fn serve(
     shared: Arc<ServerShared>,
 ) {
     let _ = stream.set_nodelay(true);
+    let (read_half, write_half) = stream.into_split();
+    serve_halves(Box::new(read_half), Box::new(write_half), peer, broker, shared).await;
+}
+
+/// Runs a connection given as its two directions (see [`ConnectionReader`]).
+pub async fn serve_halves(
+    read_half: ConnectionReader,
+    mut write_half: ConnectionWriter,
+    peer: SocketAddr,
+    broker: Arc<Broker>,
+    shared: Arc<ServerShared>,
+) {
     let slot = shared.limits.admit(peer.ip());
-    let (read_half, mut write_half) = stream.into_split();
     let _slot = match slot {
         Ok(slot) => slot,
         Err(reason) => {
@@ -191,7 +206,7 @@ impl Connection {
 
 /// Encodes and writes one frame within the send timeout.
 pub(crate) async fn write_frame(
-    writer: &mut OwnedWriteHalf,
+    writer: &mut ConnectionWriter,
     frame: &ResponseFrame,
     shared: &ServerShared,
 ) -> std::io::Result<()> {

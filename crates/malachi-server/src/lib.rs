@@ -21,6 +21,7 @@ use malachi_broker::node::Broker;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use connection::{ConnectionReader, ConnectionWriter, serve_halves};
 pub use limits::ConnectionLimits;
 
 /// State every connection of one server shares.
@@ -30,6 +31,26 @@ pub struct ServerShared {
     pub auth_rate: Mutex<AuthRateLimiter>,
     pub max_frame_bytes: u32,
     pub send_timeout: Duration,
+}
+
+impl ServerShared {
+    /// The shared state for the connections of `broker`'s client port, from its configuration.
+    pub fn for_broker(broker: &Broker) -> Arc<ServerShared> {
+        let config = broker.config();
+        Arc::new(ServerShared {
+            limits: ConnectionLimits::new(
+                config.connection_limit_enabled,
+                config.max_conn_per_ip,
+                config.max_total_conn,
+            ),
+            auth_rate: Mutex::new(AuthRateLimiter::new(
+                config.auth_rate_limit,
+                config.auth_rate_window_ms,
+            )),
+            max_frame_bytes: config.max_frame_bytes,
+            send_timeout: Duration::from_millis(config.tcp_send_timeout_ms),
+        })
+    }
 }
 
 /// A bound, not yet running server.
@@ -44,19 +65,7 @@ impl Server {
     pub async fn bind(broker: Arc<Broker>) -> std::io::Result<Server> {
         let config = broker.config();
         let listener = TcpListener::bind((config.bind_address.as_str(), config.tcp_port)).await?;
-        let shared = Arc::new(ServerShared {
-            limits: ConnectionLimits::new(
-                config.connection_limit_enabled,
-                config.max_conn_per_ip,
-                config.max_total_conn,
-            ),
-            auth_rate: Mutex::new(AuthRateLimiter::new(
-                config.auth_rate_limit,
-                config.auth_rate_window_ms,
-            )),
-            max_frame_bytes: config.max_frame_bytes,
-            send_timeout: Duration::from_millis(config.tcp_send_timeout_ms),
-        });
+        let shared = ServerShared::for_broker(&broker);
         Ok(Server { listener, broker, shared })
     }
 
@@ -70,6 +79,7 @@ impl Server {
         let mut connections = tokio::task::JoinSet::new();
         loop {
             tokio::select! {
+                biased;
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, peer)) => {
                         let broker = Arc::clone(&self.broker);

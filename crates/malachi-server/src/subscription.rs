@@ -69,7 +69,10 @@ impl Subscription {
             let credit = self.window.saturating_sub(progress.in_flight);
             let page =
                 next_page(Arc::clone(&connection.broker), self.fetch_plan(&progress), credit);
+            // Biased: the client's frames (acks, stop) first, and no runtime randomness in the
+            // choice, so a simulated run replays exactly.
             tokio::select! {
+                biased;
                 next = frames.next() => match next {
                     None => break,
                     Some(Err(error)) => {

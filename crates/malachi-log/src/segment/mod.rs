@@ -39,6 +39,11 @@ pub struct SegmentConfig {
     pub index_interval_bytes: u32,
     /// Bytes per `pread` when scanning or reading.
     pub read_chunk_bytes: u32,
+    /// A deliberate bug for the simulator's canary, never set outside it: a flush acknowledges
+    /// its batch without `fdatasync` (the bytes become durable only when a later seal syncs).
+    /// The simulator must report lost writes when this is on; if it does not, its checks are
+    /// blind.
+    pub canary_ack_before_fsync: bool,
 }
 
 impl Default for SegmentConfig {
@@ -48,6 +53,7 @@ impl Default for SegmentConfig {
             group_commit: GroupCommitConfig::default(),
             index_interval_bytes: 4096,
             read_chunk_bytes: 256 * 1024,
+            canary_ack_before_fsync: false,
         }
     }
 }
@@ -453,6 +459,9 @@ impl Segment {
         self.file
             .write_all_at(&[&job.buffer], job.position)
             .map_err(|error| PoisonCause::from_write(&error))?;
+        if self.config.canary_ack_before_fsync {
+            return Ok(());
+        }
         // Never retried: after a failed fdatasync the kernel may have dropped the pages.
         self.file.sync_data().map_err(|error| PoisonCause::Sync(error.kind()))
     }
