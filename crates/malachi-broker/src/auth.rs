@@ -29,11 +29,37 @@ impl Entropy for OsEntropy {
     }
 }
 
+/// How much work a new password hash costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PasswordCost {
+    /// The argon2 crate's recommended Argon2id parameters: every real broker.
+    #[default]
+    Standard,
+    /// Argon2id's minimum memory and one pass: only for the simulator, whose thousands of
+    /// seeded runs each log in dozens of clients on one core. Verification reads the cost from
+    /// the stored hash, so this changes nothing but the hashes it writes.
+    Minimal,
+}
+
 /// Hashes `password` with Argon2id (the crate's recommended parameters) and a fresh salt.
 pub fn hash_password(password: &str, entropy: &dyn Entropy) -> String {
+    hash_password_with(password, entropy, PasswordCost::Standard)
+}
+
+/// Hashes `password` at `cost` with a fresh salt.
+pub fn hash_password_with(password: &str, entropy: &dyn Entropy, cost: PasswordCost) -> String {
     let mut salt = [0u8; 16];
     entropy.fill(&mut salt);
-    Argon2::default()
+    let hasher = match cost {
+        PasswordCost::Standard => Argon2::default(),
+        PasswordCost::Minimal => Argon2::new(
+            argon2::Algorithm::Argon2id,
+            argon2::Version::V0x13,
+            argon2::Params::new(argon2::Params::MIN_M_COST, 1, 1, None)
+                .expect("the minimum Argon2 parameters are valid"),
+        ),
+    };
+    hasher
         .hash_password_with_salt(password.as_bytes(), &salt)
         .expect("Argon2id accepts any password with a 16-byte salt")
         .to_string()

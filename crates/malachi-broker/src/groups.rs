@@ -133,6 +133,23 @@ impl Broker {
         Ok(())
     }
 
+    /// The group's committed position per range, as range-wide offsets (`u64::MAX` for a range
+    /// the group drained): what a lag report, or the simulator's group observer, compares.
+    pub fn group_positions(&self, topic: &str, group: &str) -> Result<Vec<(u32, u64)>, LogError> {
+        let topic = self
+            .meta
+            .read(|meta| meta.0.topic_by_name(topic).cloned())
+            .ok_or(LogError::NoSuchTopic)?;
+        let positions = self.group_frontier(&topic, group);
+        Ok(positions
+            .into_iter()
+            .map(|(range_id, position)| match position {
+                crate::cursor::RangePosition::At(offset) => (range_id, offset),
+                crate::cursor::RangePosition::Drained => (range_id, u64::MAX),
+            })
+            .collect())
+    }
+
     /// The group's committed position as a cursor (the start of the topic if it never committed).
     pub fn group_cursor(&self, topic: &str, group: &str) -> Result<String, LogError> {
         let topic = self

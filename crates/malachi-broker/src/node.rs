@@ -41,6 +41,11 @@ pub struct NodeDeps {
     pub raft_store: Option<GroupStore>,
     /// Deliberate bugs the simulator switches on to prove its checks bite; all off otherwise.
     pub canaries: Canaries,
+    /// The work of new password hashes ([`auth::PasswordCost::Minimal`] only in the simulator).
+    pub password_cost: auth::PasswordCost,
+    /// Write the generated admin password to a 0600 file in the data directory for the local
+    /// CLI (real nodes); the simulator's nodes have no real directory to write it to.
+    pub write_admin_credentials: bool,
 }
 
 /// Deliberate bugs, each one a broken guarantee the simulator must catch. Never on outside the
@@ -69,6 +74,8 @@ impl NodeDeps {
             cursor_secret: None,
             raft_store: None,
             canaries: Canaries::default(),
+            password_cost: auth::PasswordCost::Standard,
+            write_admin_credentials: true,
         }
     }
 }
@@ -92,6 +99,8 @@ pub struct Broker {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) entropy: Arc<dyn Entropy>,
     pub(crate) canaries: Canaries,
+    pub(crate) password_cost: auth::PasswordCost,
+    write_admin_credentials: bool,
     /// Serializes rolls, splits, merges and retention on this node, so two of them never race
     /// for one write head. Produce and fetch never take it.
     pub(crate) reshape_lock: tokio::sync::Mutex<()>,
@@ -125,7 +134,9 @@ pub enum BootError {
 impl Broker {
     pub async fn open(deps: NodeDeps) -> Result<(Arc<Broker>, BootReport), BootError> {
         let data_dir = deps.config.data_dir.clone();
-        std::fs::create_dir_all(&data_dir).map_err(|source| data_dir_error(&data_dir, source))?;
+        deps.storage
+            .create_dir_all(&data_dir)
+            .map_err(|source| data_dir_error(&data_dir, source))?;
         let store = match deps.raft_store {
             Some(store) => store,
             None => GroupStore::open(data_dir.join("raft.redb"))?,
@@ -164,6 +175,8 @@ impl Broker {
             clock: deps.clock,
             entropy: deps.entropy,
             canaries: deps.canaries,
+            password_cost: deps.password_cost,
+            write_admin_credentials: deps.write_admin_credentials,
             reshape_lock: tokio::sync::Mutex::new(()),
             rolling: Mutex::new(BTreeSet::new()),
             members: Mutex::new(Members::default()),
@@ -189,8 +202,10 @@ impl Broker {
                 }
             };
             self.create_user_hashed("admin", &password, vec!["admin".into()], None).await?;
-            auth::write_admin_credentials(&self.config.data_dir, "admin", &password)
-                .map_err(|source| data_dir_error(&self.config.data_dir, source))?;
+            if self.write_admin_credentials {
+                auth::write_admin_credentials(&self.config.data_dir, "admin", &password)
+                    .map_err(|source| data_dir_error(&self.config.data_dir, source))?;
+            }
         }
         if let Some(spec) =
             self.config.default_users.clone().filter(|_| !self.config.disable_default_users)
@@ -253,7 +268,8 @@ impl Broker {
     /// an async worker (inline only under the simulator).
     pub async fn hash_password(&self, password: String) -> String {
         let entropy = Arc::clone(&self.entropy);
-        self.data.run(move || auth::hash_password(&password, &*entropy)).await
+        let cost = self.password_cost;
+        self.data.run(move || auth::hash_password_with(&password, &*entropy, cost)).await
     }
 
     pub(crate) fn self_handle(&self) -> Option<Arc<Broker>> {

@@ -29,6 +29,8 @@ async fn a_broker_runs_on_one_thread_over_the_simulated_disk() {
         cursor_secret: Some([9; 32]),
         raft_store: None,
         canaries: Default::default(),
+        password_cost: Default::default(),
+        write_admin_credentials: true,
     };
     let (broker, _) = Broker::open(deps).await.unwrap();
     broker.create_topic("sim", None).await.unwrap();

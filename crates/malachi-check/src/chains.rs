@@ -45,6 +45,7 @@ pub(crate) fn check_chains<'h>(
             topic: &fetch.request.topic,
             read: fetch.op_id,
             reader: Some(fetch.request.reader),
+            partial_start: true,
         };
         let mark = checker.mark();
         checker.read(context, &fetch.observed.records, &mut findings.violations);

@@ -33,7 +33,12 @@ pub(crate) fn check_drains<'h>(
     for entry in &table.entries {
         let Op::Drain(request) = entry.request else { continue };
         let Some((Op::Drain(observed), completed_at)) = entry.ok() else { continue };
-        let context = ReadContext { topic: &request.topic, read: entry.op_id, reader: None };
+        let context = ReadContext {
+            topic: &request.topic,
+            read: entry.op_id,
+            reader: None,
+            partial_start: observed.skipped > 0,
+        };
         let mark = checker.mark();
         checker.read(context, &observed.records, &mut findings.violations);
         checker.rollback(mark);

@@ -53,6 +53,12 @@ const CASES: &[Case] = &[
         build: retry_too_many_copies,
         expected: &["DuplicateRead"],
     },
+    Case { name: "late retry copy first in chain", build: late_copy_in_chain, expected: &[] },
+    Case {
+        name: "late retry copy first in full drain",
+        build: late_copy_in_drain,
+        expected: &["ProducerOrderViolation"],
+    },
     Case { name: "retention explains missing", build: retention_explains, expected: &[] },
     Case { name: "retention too small", build: retention_too_small, expected: &["LostWrite"] },
     Case { name: "concurrent same key", build: concurrent_same_key, expected: &[] },
@@ -235,6 +241,33 @@ fn retried_duplicate_in_chain() -> History {
     let mut history = retried_duplicate();
     fetched(&mut history, 1, None, &["v1"], "c1");
     fetched(&mut history, 1, Some("c1"), &["v1"], "c2");
+    history
+}
+
+/// One batch of v1, v2 (same producer and key) sent twice, the first outcome unknown; the log
+/// holds v1 v2 v1 v2. A reader that starts between the first v1 and v2 (a group member) reads
+/// v2 v1 v2: found by the simulator (seed 28), not a violation.
+fn late_copy_history() -> History {
+    let mut history = History::new();
+    let batch = vec![written("k", "v1", 1, 1), written("k", "v2", 1, 2)];
+    let first = history.invoke(1, produce(batch.clone(), None));
+    history.info(first);
+    let retry = history.invoke(1, produce(batch, Some(first)));
+    history.ok(retry);
+    history
+}
+
+fn late_copy_in_chain() -> History {
+    let mut history = late_copy_history();
+    fetched(&mut history, 1, None, &["v2", "v1", "v2"], "c1");
+    drained(&mut history, &["v1", "v2", "v1", "v2"], 0);
+    history
+}
+
+/// From the log's start the first copies are the real first copies: v2 before v1 is wrong.
+fn late_copy_in_drain() -> History {
+    let mut history = late_copy_history();
+    drained(&mut history, &["v2", "v1", "v2"], 0);
     history
 }
 

@@ -18,6 +18,11 @@
 //!    sequence number in place of both times: a violation at rj is a running maximum above
 //!    `sequence(rj)`.
 //!
+//! In a sequence that may start after the log's start ([`ReadContext::partial_start`]), a
+//! value with more than one possible copy is not judged at steps 3 and 4 (it still raises the
+//! maxima): its first copy in the sequence may be a retry's late copy, the earlier one lying
+//! before the start, and the simulator found exactly that pattern in a group member's fetch.
+//!
 //! Cursor chains share prefixes (a reader may resume twice from one cursor), so the state is
 //! undoable: every change is logged, and [`SequenceChecker::rollback`] restores an earlier mark.
 //! A depth-first walk over the chain forest thus checks every root-to-leaf chain while touching
@@ -37,6 +42,11 @@ pub(crate) struct ReadContext<'h> {
     pub read: OpId,
     /// The chain's reader; `None` for a drain.
     pub reader: Option<u64>,
+    /// The sequence may begin after the log's start: a chain (a reader may start from a
+    /// group's position) or a drain that retention cut. Then the first copy of a retried value
+    /// in the sequence may be a late copy whose earlier one lies before the start, so such a
+    /// value is not judged as the later record of an order pair.
+    pub partial_start: bool,
 }
 
 pub(crate) struct SequenceChecker<'a, 'h> {
@@ -201,7 +211,9 @@ impl<'a, 'h> SequenceChecker<'a, 'h> {
         let written = &self.writes.values[value];
         let Some(key) = written.key_id else { return };
         let previous = self.key_max[key];
+        let judged = !(context.partial_start && written.copies_allowed > 1);
         if let (Some(max), Some((acked_at, acked_by))) = (previous, written.acked)
+            && judged
             && max.rank > acked_at
         {
             let later = &self.writes.values[max.value];
@@ -233,7 +245,9 @@ impl<'a, 'h> SequenceChecker<'a, 'h> {
         let (Some(pair), Some(_)) = (written.producer_key_id, written.acked) else { return };
         let previous = self.producer_key_max[pair];
         let sequence = written.record.sequence;
+        let judged = !(context.partial_start && written.copies_allowed > 1);
         if let Some(max) = previous
+            && judged
             && max.rank > sequence
         {
             let higher = &self.writes.values[max.value];

@@ -128,6 +128,11 @@ impl SimStorage {
         state.restart();
     }
 
+    /// Bytes the files hold now (written, synced or not): what a capacity limit counts.
+    pub fn used_bytes(&self) -> u64 {
+        self.lock().used_bytes()
+    }
+
     /// The next `count` syncs fail with EIO.
     pub fn fail_next_syncs(&self, count: u64) {
         self.lock().forced_sync_failures = count;

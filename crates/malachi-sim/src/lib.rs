@@ -1,0 +1,36 @@
+//! Malachi's deterministic simulator: a whole node (the real log API, Raft groups, storage
+//! engine and client-protocol server), its disk, the network and a seeded workload of clients,
+//! all in one thread, all driven from one seed. The same seed replays the same run, bit for
+//! bit; its trace hash proves it.
+//!
+//! What comes from outside, and from where in a run:
+//!
+//! * time: every runtime (the node's, the clients') is a paused tokio runtime that the world
+//!   advances one millisecond per tick; the broker's wall clock is a [`node::SimClock`] the
+//!   world sets (and jumps);
+//! * randomness: every stream is derived from the seed: the swarm of faults, each actor, the
+//!   disk, the network, the node's entropy, openraft's election timeouts
+//!   ([`malachi_consensus::seed_raft_rng`]);
+//! * the disk: [`malachi_log::SimStorage`] under the segments and the Raft store (committed
+//!   inline, no writer thread);
+//! * the network: [`net::SimNet`] pipes between the clients and the node's server.
+//!
+//! See `docs/testing.md` for what a run covers and how to replay one.
+
+pub mod net;
+pub mod node;
+mod panics;
+pub mod workload;
+pub mod world;
+
+pub use world::{Canary, RunOptions, RunOutcome, RunStats, run};
+
+/// The command that replays `seed` (with `canary`, if any).
+pub fn replay_command(seed: u64, canary: Option<&str>) -> String {
+    match canary {
+        Some(canary) => {
+            format!("cargo run --release -p malachi-sim -- --seed {seed} --canary {canary}")
+        }
+        None => format!("cargo run --release -p malachi-sim -- --seed {seed}"),
+    }
+}

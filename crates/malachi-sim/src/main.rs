@@ -1,0 +1,122 @@
+//! `malachi-sim`: replays one seed, or soaks many.
+//!
+//! ```text
+//! cargo run --release -p malachi-sim -- --seed 42            # one run, its trace hash
+//! cargo run --release -p malachi-sim -- --seeds 10000        # seeds 0..10000
+//! cargo run --release -p malachi-sim -- --minutes 30         # as many seeds as fit
+//! cargo run --release -p malachi-sim -- --seed 7 --canary ack-before-fsync
+//! ```
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use malachi_sim::{Canary, RunOptions, RunOutcome, replay_command, run};
+
+#[derive(Parser, Debug)]
+#[command(about = "Malachi's deterministic simulator")]
+struct Args {
+    /// Run this one seed and print its trace hash.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run this many seeds, from --first on.
+    #[arg(long)]
+    seeds: Option<u64>,
+    /// The first seed of a soak.
+    #[arg(long, default_value_t = 0)]
+    first: u64,
+    /// Run seeds until this many minutes have passed.
+    #[arg(long)]
+    minutes: Option<u64>,
+    /// Simulated milliseconds of each run's fault phase.
+    #[arg(long, default_value_t = 8_000)]
+    fault_ms: u64,
+    /// Switch on a deliberate bug: ack-before-fsync or skip-split-fence.
+    #[arg(long)]
+    canary: Option<String>,
+    /// Print each run's swarm (its fault rates and workload).
+    #[arg(long)]
+    verbose: bool,
+    /// With --seed: write the run's history (JSON events) and trace to this file.
+    #[arg(long)]
+    history: Option<std::path::PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let canary = match args.canary.as_deref().map(|name| (name, Canary::parse(name))) {
+        None => None,
+        Some((_, Some(canary))) => Some(canary),
+        Some((name, None)) => {
+            eprintln!("unknown canary {name}: use ack-before-fsync or skip-split-fence");
+            return ExitCode::from(2);
+        }
+    };
+    let options = |seed| RunOptions { seed, fault_ms: args.fault_ms, canary };
+    if let Some(seed) = args.seed {
+        let outcome = run(&options(seed));
+        report(&outcome, args.canary.as_deref(), args.verbose);
+        if let Some(path) = &args.history {
+            let saved = serde_json::json!({ "trace": outcome.trace, "events": outcome.history });
+            if let Err(error) = std::fs::write(path, saved.to_string()) {
+                eprintln!("{}: {error}", path.display());
+                return ExitCode::FAILURE;
+            }
+        }
+        return if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
+    // A soak measures itself with the real clock: that is the operator's time, not the run's.
+    let started = Instant::now();
+    let deadline = args.minutes.map(|minutes| std::time::Duration::from_secs(minutes * 60));
+    let count = args.seeds.unwrap_or(if deadline.is_some() { u64::MAX } else { 100 });
+    let (mut runs, mut failures) = (0u64, 0u64);
+    for seed in args.first..args.first.saturating_add(count) {
+        if deadline.is_some_and(|deadline| started.elapsed() >= deadline) {
+            break;
+        }
+        let outcome = run(&options(seed));
+        runs += 1;
+        if !outcome.passed() {
+            failures += 1;
+            report(&outcome, args.canary.as_deref(), true);
+        } else if args.verbose {
+            report(&outcome, args.canary.as_deref(), true);
+        }
+    }
+    let minutes = started.elapsed().as_secs_f64() / 60.0;
+    println!(
+        "{runs} seeds, {failures} failed, {:.1} minutes ({:.0} seeds per minute)",
+        minutes,
+        runs as f64 / minutes.max(1e-9)
+    );
+    if failures == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn report(outcome: &RunOutcome, canary: Option<&str>, verbose: bool) {
+    let stats = &outcome.stats;
+    let verdict = if outcome.passed() { "ok" } else { "FAILED" };
+    println!(
+        "seed {}: {verdict} trace {:016x} ({} events, {} ms simulated, {} crashes, {} fail-stops, \
+         {} resets, {} clock jumps)",
+        outcome.seed,
+        outcome.trace_hash,
+        stats.history_events,
+        stats.simulated_ms,
+        stats.crashes,
+        stats.fail_stops,
+        stats.connection_resets,
+        stats.clock_jumps,
+    );
+    if verbose {
+        println!("  swarm: {}", outcome.swarm);
+    }
+    if !outcome.passed() {
+        for violation in outcome.report.violations.iter().take(10) {
+            println!("  violation: {violation:?}");
+        }
+        for finding in &outcome.findings {
+            println!("  finding: {finding}");
+        }
+        println!("  replay: {}", replay_command(outcome.seed, canary));
+    }
+}

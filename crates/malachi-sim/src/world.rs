@@ -1,0 +1,522 @@
+//! One simulated run: the node, the network, the clients, the faults and the clock, advanced
+//! together one millisecond tick at a time from one seed.
+//!
+//! A run has three phases. Faults: the workload runs while the seed's swarm of faults strikes.
+//! Heal: every fault is lifted, a dead node is restarted, the actors finish what they hold.
+//! Drain: every topic is read from its start, so a record the checker cannot find is lost.
+//! Then the history is checked and the run's trace (faults, admin answers, every history
+//! event) is hashed: the same seed gives the same hash, run after run.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use malachi_broker::node::Canaries;
+use malachi_check::{CheckReport, Drain, History, Op};
+use malachi_log::rng::SeededRng;
+use malachi_log::{SimFaults, SimStorage};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+use crate::net::{NetFaults, SimNet};
+use crate::node::{SimClock, SimNode, derive_seed, paused_runtime};
+use crate::workload::{self, Ctx, EVENTS, ORDERS, ProducerMode};
+
+/// The simulated wall clock starts here (2026-01-01T00:00:00Z).
+const EPOCH_MS: u64 = 1_767_225_600_000;
+const TICK: Duration = Duration::from_millis(1);
+/// Ticks the heal phase may take before the run is declared stuck.
+const HEAL_TICKS_MAX: u64 = 120_000;
+const NODE_ID: u64 = 1;
+
+/// A deliberate bug to run with, to prove the checks catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Canary {
+    AckBeforeFsync,
+    SkipSplitFence,
+}
+
+impl Canary {
+    pub fn parse(name: &str) -> Option<Canary> {
+        match name {
+            "ack-before-fsync" => Some(Canary::AckBeforeFsync),
+            "skip-split-fence" => Some(Canary::SkipSplitFence),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub seed: u64,
+    /// Simulated milliseconds of the fault phase.
+    pub fault_ms: u64,
+    pub canary: Option<Canary>,
+}
+
+impl RunOptions {
+    pub fn new(seed: u64) -> RunOptions {
+        RunOptions { seed, fault_ms: 8_000, canary: None }
+    }
+}
+
+/// What a run did, in numbers.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    pub simulated_ms: u64,
+    pub crashes: u64,
+    pub fail_stops: u64,
+    pub clock_jumps: u64,
+    pub connection_resets: u64,
+    pub history_events: u64,
+}
+
+pub struct RunOutcome {
+    pub seed: u64,
+    pub trace_hash: u64,
+    pub report: CheckReport,
+    /// Broken promises outside the checker's model (a panic, a node that would not boot, a
+    /// stuck workload, an old cursor accepted), each a sentence.
+    pub findings: Vec<String>,
+    pub stats: RunStats,
+    pub swarm: String,
+    /// The run's history, for saving beside a failing report.
+    pub history: History,
+    /// The world's own trace: faults, boots, admin answers.
+    pub trace: Vec<String>,
+}
+
+impl RunOutcome {
+    pub fn passed(&self) -> bool {
+        self.report.is_ok() && self.findings.is_empty()
+    }
+
+    /// The names of everything that failed, checker violations first.
+    pub fn failure_names(&self) -> Vec<String> {
+        let mut names: Vec<String> =
+            self.report.violation_names().into_iter().map(str::to_string).collect();
+        names.extend(self.findings.iter().cloned());
+        names
+    }
+}
+
+/// This seed's fault rates and workload shape ("swarm testing": each seed stresses a different
+/// mix).
+#[derive(Clone, Debug)]
+struct Swarm {
+    /// Mean milliseconds between crashes of the node.
+    crash_every_ms: Option<u64>,
+    down_ms_max: u64,
+    disk: SimFaults,
+    /// Milliseconds of a full disk, at a random time of the fault phase.
+    enospc_ms: Option<u64>,
+    net: NetFaults,
+    clock_jump_every_ms: Option<u64>,
+    producers: Vec<(ProducerMode, u64)>,
+    cursor_readers: u64,
+    group_member: bool,
+    reshaper: bool,
+    churner: bool,
+    auto_split: bool,
+    segment_max_bytes: u64,
+    retention_bytes: u64,
+}
+
+impl Swarm {
+    fn draw(rng: &mut SeededRng, canary: Option<Canary>) -> Swarm {
+        let mut pick = |choices: &[u64]| choices[rng.below(choices.len() as u64) as usize];
+        let crash_every_ms = [None, Some(1_500), Some(4_000)][pick(&[0, 1, 2]) as usize];
+        let down_ms_max = pick(&[1, 200, 2_000]);
+        let disk = SimFaults {
+            sync_failure_per_mille: pick(&[0, 0, 1]),
+            write_failure_per_mille: pick(&[0, 0, 1]),
+            capacity_bytes: None,
+            crash_keeps_unsynced_prefix: pick(&[0, 1]) == 1,
+            crash_tears_last_write: pick(&[0, 1]) == 1,
+        };
+        let enospc_ms = [None, None, Some(300), Some(2_000)][pick(&[0, 1, 2, 3]) as usize];
+        let net =
+            NetFaults { delay_max_ms: pick(&[0, 2, 20, 200]), reset_per_100k: pick(&[0, 30, 300]) };
+        let clock_jump_every_ms = [None, Some(2_000)][pick(&[0, 1]) as usize];
+        let producer_count = pick(&[1, 2, 3]);
+        let producers = (0..producer_count)
+            .map(|_| {
+                let mode = if pick(&[0, 1]) == 0 {
+                    ProducerMode::AckEach
+                } else {
+                    ProducerMode::Pipelined { depth: pick(&[2, 4]) as usize }
+                };
+                (mode, pick(&[0, 5, 40]))
+            })
+            .collect();
+        let mut swarm = Swarm {
+            crash_every_ms,
+            down_ms_max,
+            disk,
+            enospc_ms,
+            net,
+            clock_jump_every_ms,
+            producers,
+            cursor_readers: pick(&[1, 2]),
+            group_member: pick(&[0, 1]) == 1,
+            reshaper: pick(&[0, 1, 1]) == 1,
+            churner: pick(&[0, 1]) == 1,
+            auto_split: pick(&[0, 1]) == 1,
+            segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
+            retention_bytes: pick(&[8_192, 65_536]),
+        };
+        match canary {
+            Some(Canary::AckBeforeFsync) => {
+                swarm.crash_every_ms = Some(1_000);
+                swarm.disk.crash_keeps_unsynced_prefix = false;
+            }
+            Some(Canary::SkipSplitFence) => {
+                swarm.reshaper = true;
+                swarm.producers = vec![(ProducerMode::Pipelined { depth: 4 }, 0); 3];
+            }
+            None => {}
+        }
+        swarm
+    }
+
+    fn settings(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AUTO_SPLIT_ENABLED", self.auto_split.to_string()),
+            ("AUTO_SPLIT_WINDOW_MS", "1000".into()),
+            ("SPLIT_RECORDS_PER_S", "300".into()),
+            ("MERGE_RECORDS_PER_S", "40".into()),
+            ("RESHAPE_COOLDOWN_MS", "500".into()),
+            ("SEGMENT_MAX_BYTES", self.segment_max_bytes.to_string()),
+            ("RETENTION_INTERVAL_MS", "250".into()),
+        ]
+    }
+}
+
+struct World {
+    options: RunOptions,
+    rng: SeededRng,
+    swarm: Swarm,
+    clock: Arc<SimClock>,
+    net: SimNet,
+    node: SimNode,
+    clients: Runtime,
+    ctx: Arc<Ctx>,
+    now_ms: u64,
+    clock_offset_ms: i64,
+    restart_at_ms: Option<u64>,
+    enospc_window: Option<(u64, u64)>,
+    faults_on: bool,
+    trace: Vec<String>,
+    findings: Vec<String>,
+    stats: RunStats,
+}
+
+/// Runs one seed to its verdict.
+pub fn run(options: &RunOptions) -> RunOutcome {
+    crate::panics::reset();
+    let mut world = World::new(options.clone());
+    world.run_phases();
+    world.finish()
+}
+
+impl World {
+    fn new(options: RunOptions) -> World {
+        let seed = options.seed;
+        let mut rng = SeededRng::new(derive_seed(seed, 1));
+        let swarm = Swarm::draw(&mut rng, options.canary);
+        let clock = Arc::new(SimClock::default());
+        clock.set(EPOCH_MS);
+        let net = SimNet::new(derive_seed(seed, 2));
+        let storage = SimStorage::new(derive_seed(seed, 4));
+        let settings = swarm.settings();
+        let settings: Vec<(&str, &str)> =
+            settings.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        let config = malachi_broker::testing::config(Path::new("/sim/node-1"), &settings);
+        let canaries = Canaries {
+            ack_before_fsync: options.canary == Some(Canary::AckBeforeFsync),
+            skip_split_fence: options.canary == Some(Canary::SkipSplitFence),
+        };
+        let node = SimNode::new(NODE_ID, seed, config, canaries, storage);
+        let ctx = Arc::new(Ctx::new(net.clone(), NODE_ID, Arc::clone(&clock)));
+        let enospc_window = swarm.enospc_ms.map(|length| {
+            let start = rng.below(options.fault_ms.max(1));
+            (start, start + length)
+        });
+        World {
+            options,
+            rng,
+            swarm,
+            clock,
+            net,
+            node,
+            clients: paused_runtime(),
+            ctx,
+            now_ms: 0,
+            clock_offset_ms: 0,
+            restart_at_ms: None,
+            enospc_window,
+            faults_on: false,
+            trace: Vec::new(),
+            findings: Vec::new(),
+            stats: RunStats::default(),
+        }
+    }
+
+    fn run_phases(&mut self) {
+        if let Err(error) = self.boot() {
+            self.findings.push(format!("the node did not boot on an empty disk: {error}"));
+            return;
+        }
+        let workload = self.start_workload();
+        self.set_faults(true);
+        for _ in 0..self.options.fault_ms {
+            self.tick();
+        }
+        self.set_faults(false);
+        self.ctx.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.record("heal".into());
+        let mut waited = 0;
+        while !workload.is_finished() {
+            if waited == HEAL_TICKS_MAX {
+                self.findings.push(format!(
+                    "the workload did not finish within {HEAL_TICKS_MAX} ms of healing"
+                ));
+                return;
+            }
+            self.tick();
+            waited += 1;
+        }
+        for topic in [ORDERS, EVENTS] {
+            self.final_drain(topic);
+        }
+    }
+
+    /// Starts the setup and then every actor of the swarm; the handle finishes when they all
+    /// have.
+    fn start_workload(&mut self) -> JoinHandle<()> {
+        let ctx = Arc::clone(&self.ctx);
+        let swarm = self.swarm.clone();
+        let seed = self.options.seed;
+        self.clients.spawn(async move {
+            workload::setup(Arc::clone(&ctx), swarm.retention_bytes).await;
+            let mut actors = tokio::task::JoinSet::new();
+            let mut next_id = 1u64;
+            let mut seed_for = || {
+                next_id += 1;
+                (next_id, derive_seed(seed, 100 + next_id))
+            };
+            for (index, &(mode, think_ms)) in swarm.producers.iter().enumerate() {
+                let topic = if index == 1 { EVENTS } else { ORDERS };
+                let (id, seed) = seed_for();
+                actors.spawn(workload::producer(Arc::clone(&ctx), id, topic, mode, think_ms, seed));
+            }
+            for index in 0..swarm.cursor_readers {
+                let topic = if index == 1 { EVENTS } else { ORDERS };
+                let (id, seed) = seed_for();
+                actors.spawn(workload::cursor_reader(Arc::clone(&ctx), id, topic, seed));
+            }
+            if swarm.group_member {
+                let (id, seed) = seed_for();
+                actors.spawn(workload::group_member(Arc::clone(&ctx), id, ORDERS, seed));
+            }
+            if swarm.reshaper {
+                let (_, seed) = seed_for();
+                actors.spawn(workload::reshaper(Arc::clone(&ctx), ORDERS, seed));
+            }
+            if swarm.churner {
+                let (id, seed) = seed_for();
+                actors.spawn(workload::churner(Arc::clone(&ctx), id, seed));
+            }
+            while actors.join_next().await.is_some() {}
+        })
+    }
+
+    /// One millisecond of the world: faults, the clock, the network, the node, the clients.
+    fn tick(&mut self) {
+        self.now_ms += 1;
+        if self.faults_on {
+            self.strike();
+        }
+        if let Some(at) = self.restart_at_ms
+            && self.now_ms >= at
+        {
+            self.restart();
+        }
+        let wall_ms = (EPOCH_MS as i64 + self.now_ms as i64 + self.clock_offset_ms) as u64;
+        self.clock.set(wall_ms);
+        self.net.deliver(self.now_ms);
+        self.node.step(TICK);
+        if let Some(reason) = self.node.store_poisoned() {
+            // A node whose Raft store failed stops (fail-stop), as a real one exits; it comes
+            // back from its disk at once.
+            self.record(format!("fail-stop: raft store {}", reason_name(&reason)));
+            self.stats.fail_stops += 1;
+            self.crash(1);
+        }
+        self.clients.block_on(async { tokio::time::sleep(TICK).await });
+    }
+
+    /// This tick's faults, by the swarm's rates.
+    fn strike(&mut self) {
+        let swarm = &self.swarm;
+        if let Some(every) = swarm.crash_every_ms
+            && self.node.is_up()
+            && self.rng.chance(1, every)
+        {
+            let down_ms = 1 + self.rng.below(self.swarm.down_ms_max);
+            self.record(format!("crash, down {down_ms} ms"));
+            self.stats.crashes += 1;
+            self.crash(down_ms);
+        }
+        if let Some(every) = self.swarm.clock_jump_every_ms
+            && self.rng.chance(1, every)
+        {
+            let jump_ms = self.rng.below(600_000) as i64 - 30_000;
+            self.clock_offset_ms += jump_ms;
+            self.stats.clock_jumps += 1;
+            self.record(format!("clock jumps {jump_ms} ms"));
+        }
+        if let Some((start, end)) = self.enospc_window {
+            if self.now_ms == start {
+                let capacity = self.node.storage.used_bytes() + self.rng.below(64 * 1024);
+                self.apply_disk_faults(Some(capacity));
+                self.record(format!("disk full at {capacity} bytes"));
+            } else if self.now_ms == end {
+                self.apply_disk_faults(None);
+                self.record("disk space freed".into());
+            }
+        }
+    }
+
+    fn apply_disk_faults(&self, capacity_bytes: Option<u64>) {
+        let faults = if self.faults_on {
+            SimFaults { capacity_bytes, ..self.swarm.disk }
+        } else {
+            SimFaults {
+                crash_keeps_unsynced_prefix: self.swarm.disk.crash_keeps_unsynced_prefix,
+                crash_tears_last_write: self.swarm.disk.crash_tears_last_write,
+                ..SimFaults::default()
+            }
+        };
+        self.node.storage.set_faults(faults);
+    }
+
+    fn set_faults(&mut self, on: bool) {
+        self.faults_on = on;
+        self.apply_disk_faults(None);
+        self.net.set_faults(if on { self.swarm.net } else { NetFaults::default() });
+        if !on && !self.node.is_up() {
+            self.restart_at_ms = Some(self.now_ms);
+        }
+    }
+
+    fn crash(&mut self, down_ms: u64) {
+        self.node.crash(&self.net);
+        *self.ctx.broker.lock().expect("broker lock poisoned") = None;
+        self.restart_at_ms = Some(self.now_ms + down_ms);
+    }
+
+    fn restart(&mut self) {
+        self.restart_at_ms = None;
+        self.node.storage.restart();
+        if let Err(error) = self.boot() {
+            self.record(format!("boot failed: {}", reason_name(&error)));
+            if self.faults_on {
+                // A full or failing disk may keep a node down; it tries again later.
+                self.node.storage.crash_now();
+                self.restart_at_ms = Some(self.now_ms + 200);
+            } else {
+                self.findings.push(format!("the node did not restart on a healthy disk: {error}"));
+            }
+        }
+    }
+
+    fn boot(&mut self) -> Result<(), String> {
+        self.node.boot(Arc::clone(&self.clock), &self.net)?;
+        *self.ctx.broker.lock().expect("broker lock poisoned") = self.node.broker();
+        self.record(format!("boot {}", self.node.incarnation));
+        Ok(())
+    }
+
+    /// Reads `topic` whole through the log API on the node (which reports retention's skipped
+    /// count) as the topic's final drain.
+    fn final_drain(&mut self, topic: &str) {
+        let op = |records, skipped| Op::Drain(Drain { topic: topic.to_string(), records, skipped });
+        for _attempt in 0..3 {
+            let Some(broker) = self.node.broker() else { break };
+            let op_id = self.history_mut(|history| history.invoke(0, op(Vec::new(), 0)));
+            let Some(task) = self.node.spawn(workload::drain_on_node(broker, topic.to_string()))
+            else {
+                break;
+            };
+            let mut waited = 0;
+            while !task.is_finished() && waited < HEAL_TICKS_MAX {
+                self.tick();
+                waited += 1;
+            }
+            let result = if task.is_finished() {
+                self.clients.block_on(task).unwrap_or_else(|error| Err(error.to_string()))
+            } else {
+                Err("the drain did not finish".to_string())
+            };
+            match result {
+                Ok((records, skipped)) => {
+                    self.history_mut(|history| history.ok_with(op_id, op(records, skipped)));
+                    return;
+                }
+                Err(error) => {
+                    self.history_mut(|history| history.info(op_id));
+                    self.record(format!("drain of {topic} failed: {}", reason_name(&error)));
+                }
+            }
+        }
+        self.findings.push(format!("the final drain of {topic} failed three times"));
+    }
+
+    fn history_mut<T>(&self, change: impl FnOnce(&mut History) -> T) -> T {
+        change(&mut self.ctx.history.lock().expect("history lock poisoned"))
+    }
+
+    fn record(&mut self, line: String) {
+        self.trace.push(format!("{} {line}", self.now_ms));
+    }
+
+    fn finish(mut self) -> RunOutcome {
+        self.stats.simulated_ms = self.now_ms;
+        self.stats.connection_resets = self.net.resets();
+        self.findings.extend(self.ctx.findings.lock().expect("findings lock poisoned").drain(..));
+        self.findings
+            .extend(crate::panics::take().into_iter().map(|panic| format!("panic: {panic}")));
+        let history = self.ctx.history.lock().expect("history lock poisoned").clone();
+        self.stats.history_events = history.events().len() as u64;
+        let report = history.check();
+        let notes = self.ctx.notes.lock().expect("notes lock poisoned").clone();
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        for line in self.trace.iter().chain(notes.iter()) {
+            hasher.update(line.as_bytes());
+            hasher.update(b"\n");
+        }
+        for event in history.events() {
+            hasher.update(&serde_json::to_vec(event).expect("events serialize"));
+        }
+        let swarm = format!("{:?}", self.swarm);
+        // The node's tasks go before the clients' runtime, which may hold its last handles.
+        self.node.crash(&self.net);
+        RunOutcome {
+            seed: self.options.seed,
+            trace_hash: hasher.digest(),
+            report,
+            findings: self.findings,
+            stats: self.stats,
+            swarm,
+            history,
+            trace: self.trace.into_iter().chain(notes).collect(),
+        }
+    }
+}
+
+/// The first word of an error text (a reason name), so that detail text with addresses or
+/// counts never enters the trace.
+fn reason_name(text: &str) -> String {
+    text.split([':', ' ']).next().unwrap_or("").to_string()
+}
