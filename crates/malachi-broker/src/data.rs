@@ -5,7 +5,7 @@
 //! Segments are opened lazily and kept open; opening an unsealed one runs recovery. The data plane
 //! decides nothing: metadata says which segment is active, when to seal, what to delete.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -64,6 +64,11 @@ pub struct DataPlane {
     /// still show bytes that never reached the disk; reopening must cut them off rather than let
     /// recovery trust them.
     poisoned_ends: Mutex<BTreeMap<SegmentKey, u64>>,
+    /// Segments whose create failed. Their file may exist and even read back well from the page
+    /// cache while its header never reached the disk, so it is never opened: the next create
+    /// replaces it. (Found by the simulator: appends to such a file were acknowledged, and a
+    /// restart found a zeroed header in front of them.)
+    failed_creates: Mutex<BTreeSet<SegmentKey>>,
 }
 
 /// Recovery reports kept for inspection.
@@ -142,6 +147,7 @@ impl DataPlane {
             open: Mutex::new(OpenSegments::default()),
             recoveries: Mutex::new(Vec::new()),
             poisoned_ends: Mutex::new(BTreeMap::new()),
+            failed_creates: Mutex::new(BTreeSet::new()),
         }
     }
 
@@ -161,12 +167,26 @@ impl DataPlane {
             return Ok(segment);
         }
         let dir = self.range_dir(key.topic_id, key.range_id);
-        let (data_path, _) = segment_paths(&dir, key.segment_id);
+        let (data_path, index_path) = segment_paths(&dir, key.segment_id);
+        let failed_before =
+            self.failed_creates.lock().expect("data plane lock poisoned").contains(&key);
+        if failed_before {
+            self.storage.remove(&data_path).or_else(ignore_missing)?;
+            self.storage.remove(&index_path).or_else(ignore_missing)?;
+        }
         let segment = if self.storage.exists(&data_path)? {
             self.open_existing(key, &dir)?
         } else {
-            Segment::create(Arc::clone(&self.storage), &dir, key.segment_id, self.config)
-                .map_err(|source| DataError::Open { key, source })?
+            match Segment::create(Arc::clone(&self.storage), &dir, key.segment_id, self.config) {
+                Ok(segment) => {
+                    self.failed_creates.lock().expect("data plane lock poisoned").remove(&key);
+                    segment
+                }
+                Err(source) => {
+                    self.failed_creates.lock().expect("data plane lock poisoned").insert(key);
+                    return Err(DataError::Open { key, source });
+                }
+            }
         };
         let segment = Arc::new(segment);
         open.insert(key, Arc::clone(&segment));
@@ -181,7 +201,9 @@ impl DataPlane {
         }
         let dir = self.range_dir(key.topic_id, key.range_id);
         let (data_path, _) = segment_paths(&dir, key.segment_id);
-        if !self.storage.exists(&data_path)? {
+        let failed_create =
+            self.failed_creates.lock().expect("data plane lock poisoned").contains(&key);
+        if failed_create || !self.storage.exists(&data_path)? {
             return Err(DataError::Missing(key));
         }
         let segment = Arc::new(self.open_existing(key, &dir)?);
@@ -198,9 +220,23 @@ impl DataPlane {
             file.set_len(durable_bytes)?;
             file.sync_data()?;
         }
-        let (segment, report) =
-            Segment::open(Arc::clone(&self.storage), dir, key.segment_id, self.config)
-                .map_err(|source| DataError::Open { key, source })?;
+        let opened = Segment::open(Arc::clone(&self.storage), dir, key.segment_id, self.config);
+        let (segment, report) = match opened {
+            Err(OpenError::BadHeader(_))
+                if malachi_log::is_unborn(&*self.storage, dir, key.segment_id)? =>
+            {
+                // Its create failed before the header was durable (found by the simulator: a
+                // range whose new head hit a failed fdatasync refused every later produce).
+                let (data_path, index_path) = segment_paths(dir, key.segment_id);
+                self.storage.remove(&data_path)?;
+                self.storage.remove(&index_path).or_else(ignore_missing)?;
+                let segment =
+                    Segment::create(Arc::clone(&self.storage), dir, key.segment_id, self.config)
+                        .map_err(|source| DataError::Open { key, source })?;
+                return Ok(segment);
+            }
+            other => other.map_err(|source| DataError::Open { key, source })?,
+        };
         let mut recoveries = self.recoveries.lock().expect("data plane lock poisoned");
         if recoveries.len() >= RECOVERIES_KEPT_MAX {
             recoveries.remove(0);

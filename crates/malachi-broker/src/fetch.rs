@@ -8,7 +8,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use malachi_log::Record;
+use std::sync::Arc;
+
+use malachi_log::{ReadError, Record};
 use malachi_meta::Topic;
 
 use crate::cursor::{Cursor, RangePosition};
@@ -247,10 +249,20 @@ impl Broker {
             };
             let wanted = max - read.records.len() as u32;
             let bytes_left = budget.saturating_sub(read.wire_bytes).max(1);
-            let batch = self
-                .data
-                .read(segment, offset - span.base, wanted, bytes_left)
-                .await
+            let from = offset - span.base;
+            let batch =
+                match self.data.read(Arc::clone(&segment), from, wanted, bytes_left).await {
+                    // A write or seal that failed poisoned the head; if no produce comes to repair
+                    // it, the reader must (found by the simulator: a drained topic read
+                    // `storage_failed` forever after a full disk). Reopened, it holds exactly the
+                    // durable records, which are all a reader may see anyway.
+                    Err(ReadError::Poisoned { .. }) => {
+                        self.repair_poisoned(key, &segment);
+                        let segment = self.data.get(key)?;
+                        self.data.read(segment, from, wanted, bytes_left).await
+                    }
+                    other => other,
+                }
                 .map_err(DataError::from)?;
             let got = batch.records.len();
             for stored in batch.records {

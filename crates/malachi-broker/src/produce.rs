@@ -199,7 +199,7 @@ impl Broker {
 
     /// A segment whose write or sync failed: reopen it (recovery keeps exactly what reached the
     /// disk), seal it there and roll, so the range takes writes again on a new segment.
-    fn repair_poisoned(&self, key: SegmentKey, segment: &Arc<malachi_log::Segment>) {
+    pub(crate) fn repair_poisoned(&self, key: SegmentKey, segment: &Arc<malachi_log::Segment>) {
         self.data.evict_poisoned(key, segment);
         self.request_roll(key.topic_id, key.range_id);
     }

@@ -174,10 +174,16 @@ impl Broker {
                 topic.ranges.get(&range_id)?.active_segment_id()
             })
             .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))?;
-        let segment = self.data.get(SegmentKey { topic_id, range_id, segment_id })?;
-        let info = self.data.seal(segment).await.map_err(|error| LogError::Storage {
-            reason: "unfenced",
-            detail: format!("the write head of range {range_id} could not be sealed: {error}"),
+        let key = SegmentKey { topic_id, range_id, segment_id };
+        let segment = self.data.get(key)?;
+        let info = self.data.seal(std::sync::Arc::clone(&segment)).await.map_err(|error| {
+            // A failed seal poisons the head: forget the handle so the next use reopens the
+            // file cut back to what is durable, and the fence can be tried again.
+            self.data.evict_poisoned(key, &segment);
+            LogError::Storage {
+                reason: "unfenced",
+                detail: format!("the write head of range {range_id} could not be sealed: {error}"),
+            }
         })?;
         Ok(SealReport { segment_id, end_offset: info.end_offset, data_bytes: info.data_bytes })
     }

@@ -21,6 +21,6 @@ pub use limits::{LimitError, Limits};
 pub use record::{Record, StoredRecord};
 pub use segment::{
     AppendTicket, BadFrame, GroupCommitConfig, ReadBatch, RecoveryReport, SealInfo, Segment,
-    SegmentConfig, SegmentStatus, VerifyReport, segment_paths, verify_segment,
+    SegmentConfig, SegmentStatus, VerifyReport, is_unborn, segment_paths, verify_segment,
 };
 pub use storage::{OpenMode, RealStorage, SimFaults, SimStorage, Storage, StorageFile};

@@ -126,9 +126,16 @@ impl Ctx {
 
     /// Logs in, retrying every 20 ms until the node answers.
     async fn connect(&self) -> Client {
+        let mut failures = 0u64;
         loop {
-            if let Ok(client) = self.try_connect().await {
-                return client;
+            match self.try_connect().await {
+                Ok(client) => return client,
+                Err(error) => {
+                    failures += 1;
+                    if failures.is_power_of_two() {
+                        self.note(format!("login failed {failures} times: {}", error_name(&error)));
+                    }
+                }
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -584,8 +591,9 @@ async fn drain_over_wire(
                 );
                 return first_cursor;
             }
-            Err(_) => {
+            Err(error) => {
                 ctx.info(op_id);
+                ctx.note(format!("drain of {history_topic} failed: {}", error_name(&error)));
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 *client = ctx.connect().await;
             }

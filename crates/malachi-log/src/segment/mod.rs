@@ -128,6 +128,18 @@ pub struct Segment {
     batch_done: [Condvar; 2],
 }
 
+/// Whether segment `segment_id`'s file is a create that never became durable: shorter than a
+/// header, or a header of zeros (a failed `fdatasync` lost the header write but kept the
+/// length). No record is ever acknowledged before the header is synced, so such a file holds
+/// nothing anyone was promised and may be created again. Any other damage is corruption.
+pub fn is_unborn(storage: &dyn Storage, dir: &Path, segment_id: u64) -> io::Result<bool> {
+    let (data_path, _) = segment_paths(dir, segment_id);
+    let file = storage.open(&data_path, OpenMode::Existing)?;
+    let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
+    let read = file.read_at(&mut header, 0)?;
+    Ok(read < header.len() || header.iter().all(|&byte| byte == 0))
+}
+
 impl Segment {
     /// Creates a new, empty segment file and makes its directory entry durable.
     pub fn create(
