@@ -247,7 +247,10 @@ impl Broker {
                 }
                 Err(error) => return Err(error.into()),
             };
-            let wanted = max - read.records.len() as u32;
+            // Never past the span's end: a sealed segment ends where metadata recorded its
+            // seal, whatever its file holds (the simulator's skip-split-fence canary showed
+            // reads quietly returning records a broken fence let in after the end).
+            let wanted = (max - read.records.len() as u32).min(span_records(offset, end));
             let bytes_left = budget.saturating_sub(read.wire_bytes).max(1);
             let from = offset - span.base;
             let batch =
@@ -300,4 +303,9 @@ impl Broker {
                 .collect()
         })
     }
+}
+
+/// Records left in a span from `offset` to `end`, as a read limit.
+fn span_records(offset: u64, end: u64) -> u32 {
+    u32::try_from(end.saturating_sub(offset)).unwrap_or(u32::MAX)
 }

@@ -41,6 +41,20 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-broker/src/groups.rs", false),
     ("crates/malachi-broker/src/topics.rs", false),
     ("crates/malachi-broker/src/maintenance.rs", false),
+    ("crates/malachi-sim/src/world.rs", false),
+    ("crates/malachi-sim/src/net.rs", false),
+    ("crates/malachi-sim/src/node.rs", false),
+    ("crates/malachi-sim/src/workload.rs", false),
+];
+
+/// Code the simulator runs: it may use the runtime, but not the runtime's own randomness, which
+/// stable tokio cannot seed.
+const SIMULATED_CODE: &[&str] = &[
+    "crates/malachi-broker/src",
+    "crates/malachi-server/src",
+    "crates/malachi-consensus/src",
+    "crates/malachi-client/src",
+    "crates/malachi-log/src",
 ];
 
 fn rust_files(path: &Path, found: &mut Vec<PathBuf>) {
@@ -84,4 +98,39 @@ fn decision_code_names_no_source_of_nondeterminism() {
         }
     }
     assert!(checked > 40, "checked only {checked} files: is the table out of date?");
+}
+
+/// `tokio::sync::watch` wakes its waiters in a random order and an unbiased `select!` picks a
+/// random ready branch; both draw from tokio's unseedable runtime generator, so a simulated run
+/// would stop replaying. (The watch was found that way: a seed gave two trace hashes.)
+#[test]
+fn simulated_code_uses_no_runtime_randomness() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    for relative in SIMULATED_CODE {
+        rust_files(&workspace.join(relative), &mut files);
+    }
+    files.sort();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("a readable source file");
+        let lines: Vec<&str> = text.lines().collect();
+        for (number, line) in lines.iter().enumerate() {
+            let at = || format!("{}:{}", file.display(), number + 1);
+            assert!(
+                !line.contains("sync::watch"),
+                "{}: tokio's watch; use malachi_consensus::watch",
+                at()
+            );
+            if line.trim_start().starts_with("//") || !line.contains("select!") {
+                continue;
+            }
+            let next = lines[number + 1..].iter().find(|line| !line.trim().is_empty());
+            assert!(
+                next.is_some_and(|next| next.trim() == "biased;"),
+                "{}: a `select!` without `biased;`",
+                at()
+            );
+        }
+    }
+    assert!(files.len() > 60, "checked only {} files", files.len());
 }

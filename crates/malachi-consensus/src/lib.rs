@@ -42,6 +42,7 @@ mod network;
 mod runtime;
 mod store;
 mod type_config;
+pub mod watch;
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,8 @@
 //! tick jitter) comes from a per-thread SplitMix64 stream that the simulator can seed.
 //!
 //! openraft's stock tokio runtime draws from `rand::rng()`, which is seeded by the OS: one
-//! election timeout drawn differently and a whole simulated run diverges. Everything else here
+//! election timeout drawn differently and a whole simulated run diverges. Its watch channel is
+//! ours too ([`crate::watch`]), since tokio's wakes waiters in a random order. Everything else
 //! delegates to `openraft_rt_tokio::TokioRuntime`, so timers still come from tokio's clock
 //! (which the simulator pauses and advances).
 
@@ -99,7 +100,8 @@ impl AsyncRuntime for MalachiRuntime {
         <TokioRuntime as AsyncRuntime>::Timeout<R, T>;
     type ThreadLocalRng = RaftRng;
     type Mpsc = <TokioRuntime as AsyncRuntime>::Mpsc;
-    type Watch = <TokioRuntime as AsyncRuntime>::Watch;
+    /// Not tokio's: see [`crate::watch`].
+    type Watch = crate::watch::MalachiWatch;
     type Oneshot = <TokioRuntime as AsyncRuntime>::Oneshot;
     type Mutex<T: OptionalSend + 'static> = <TokioRuntime as AsyncRuntime>::Mutex<T>;
 
@@ -158,6 +160,12 @@ mod tests {
     use rand_core::Rng;
 
     use super::*;
+
+    /// openraft's own conformance suite for runtimes (channels, watch, timers, RNG).
+    #[test]
+    fn the_runtime_passes_openrafts_suite() {
+        openraft::rt::testing::Suite::<MalachiRuntime>::test_all();
+    }
 
     #[test]
     fn a_seeded_thread_draws_the_same_stream_twice() {

@@ -19,7 +19,6 @@ use std::time::Duration;
 use malachi_broker::auth::AuthRateLimiter;
 use malachi_broker::node::Broker;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 pub use connection::{ConnectionReader, ConnectionWriter, serve_halves};
 pub use limits::ConnectionLimits;
@@ -73,10 +72,11 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Accepts connections until `shutdown` turns true, then waits up to the configured grace
+    /// Accepts connections until `shutdown` completes, then waits up to the configured grace
     /// for open connections to finish.
-    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
         let mut connections = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 biased;
@@ -91,7 +91,7 @@ impl Server {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                _ = shutdown.changed() => break,
+                () = &mut shutdown => break,
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }

@@ -421,11 +421,11 @@ fn observe_group(ctx: &Ctx, process: u64, topic: &str, group: &str) {
 }
 
 /// Splits and merges `topic`'s ranges by hand at random.
-pub async fn reshaper(ctx: Arc<Ctx>, topic: &'static str, seed: u64) {
+pub async fn reshaper(ctx: Arc<Ctx>, topic: &'static str, pause_ms: u64, seed: u64) {
     let mut rng = SeededRng::new(seed);
     let mut client = ctx.connect().await;
     while !ctx.stopping() {
-        tokio::time::sleep(Duration::from_millis(100 + rng.below(700))).await;
+        tokio::time::sleep(Duration::from_millis(1 + rng.below(pause_ms))).await;
         let described = match client.describe_topic(topic).await {
             Ok(described) => described,
             Err(_) => {

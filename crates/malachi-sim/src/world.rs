@@ -116,6 +116,8 @@ struct Swarm {
     cursor_readers: u64,
     group_member: bool,
     reshaper: bool,
+    /// The reshaper waits up to this long between reshapes.
+    reshape_pause_ms: u64,
     churner: bool,
     auto_split: bool,
     segment_max_bytes: u64,
@@ -160,6 +162,7 @@ impl Swarm {
             cursor_readers: pick(&[1, 2]),
             group_member: pick(&[0, 1]) == 1,
             reshaper: pick(&[0, 1, 1]) == 1,
+            reshape_pause_ms: pick(&[50, 200, 800]),
             churner: pick(&[0, 1]) == 1,
             auto_split: pick(&[0, 1]) == 1,
             segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
@@ -172,6 +175,7 @@ impl Swarm {
             }
             Some(Canary::SkipSplitFence) => {
                 swarm.reshaper = true;
+                swarm.reshape_pause_ms = 20;
                 swarm.producers = vec![(ProducerMode::Pipelined { depth: 4 }, 0); 3];
             }
             None => {}
@@ -321,7 +325,12 @@ impl World {
             }
             if swarm.reshaper {
                 let (_, seed) = seed_for();
-                actors.spawn(workload::reshaper(Arc::clone(&ctx), ORDERS, seed));
+                actors.spawn(workload::reshaper(
+                    Arc::clone(&ctx),
+                    ORDERS,
+                    swarm.reshape_pause_ms,
+                    seed,
+                ));
             }
             if swarm.churner {
                 let (id, seed) = seed_for();

@@ -109,12 +109,7 @@ async fn serve(config: BrokerConfig, node_id: u64) -> Result<(), String> {
         );
     }
     let maintenance = broker.spawn_maintenance();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        let _ = stop.send(true);
-    });
-    server.run(stopped).await;
+    server.run(wait_for_signal()).await;
     maintenance.abort();
     broker.shutdown().await;
     eprintln!("malachi stopped");

@@ -21,7 +21,8 @@ use tokio::net::TcpStream;
 pub struct TestServer {
     pub address: SocketAddr,
     pub broker: Arc<Broker>,
-    _stop: tokio::sync::watch::Sender<bool>,
+    /// Dropping it stops the server.
+    _stop: tokio::sync::oneshot::Sender<()>,
     _dir: tempfile::TempDir,
 }
 
@@ -35,8 +36,10 @@ pub async fn start(settings: &[(&str, &str)]) -> TestServer {
     let broker = testing::open(testing::config(dir.path(), &all)).await;
     let server = Server::bind(Arc::clone(&broker)).await.unwrap();
     let address = server.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(server.run(stopped));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
     TestServer { address, broker, _stop: stop, _dir: dir }
 }
 
