@@ -256,6 +256,17 @@ impl DataPlane {
         }
     }
 
+    /// The data file of a segment.
+    pub fn segment_path(&self, key: SegmentKey) -> PathBuf {
+        segment_paths(&self.range_dir(key.topic_id, key.range_id), key.segment_id).0
+    }
+
+    /// Drops a segment's open handle, so its next use opens the file afresh (after the file was
+    /// repaired from another copy).
+    pub fn forget(&self, key: SegmentKey) {
+        self.open.lock().expect("data plane lock poisoned").remove(&key);
+    }
+
     /// Segment handles open now.
     pub fn open_segments(&self) -> usize {
         self.open.lock().expect("data plane lock poisoned").len()

@@ -7,10 +7,11 @@
 //! Then the history is checked and the run's trace (faults, admin answers, every history
 //! event) is hashed: the same seed gives the same hash, run after run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use malachi_broker::data::SegmentKey;
 use malachi_broker::node::Canaries;
 use malachi_check::{CheckReport, Drain, History, Op};
 use malachi_log::rng::SeededRng;
@@ -112,6 +113,10 @@ struct Swarm {
     enospc_ms: Option<u64>,
     net: NetFaults,
     clock_jump_every_ms: Option<u64>,
+    /// Mean milliseconds between media damage (a flipped bit or a cut) in a sealed segment.
+    damage_every_ms: Option<u64>,
+    /// How long damage stays before it is repaired (as re-replication from a healthy copy would).
+    damage_ms: u64,
     producers: Vec<(ProducerMode, u64)>,
     cursor_readers: u64,
     group_member: bool,
@@ -140,6 +145,8 @@ impl Swarm {
         let net =
             NetFaults { delay_max_ms: pick(&[0, 2, 20, 200]), reset_per_100k: pick(&[0, 30, 300]) };
         let clock_jump_every_ms = [None, Some(2_000)][pick(&[0, 1]) as usize];
+        let damage_every_ms = [None, None, Some(1_000)][pick(&[0, 1, 2]) as usize];
+        let damage_ms = pick(&[50, 500]);
         let producer_count = pick(&[1, 2, 3]);
         let producers = (0..producer_count)
             .map(|_| {
@@ -158,6 +165,8 @@ impl Swarm {
             enospc_ms,
             net,
             clock_jump_every_ms,
+            damage_every_ms,
+            damage_ms,
             producers,
             cursor_readers: pick(&[1, 2]),
             group_member: pick(&[0, 1]) == 1,
@@ -196,6 +205,14 @@ impl Swarm {
     }
 }
 
+/// A sealed segment file damaged on purpose, and its healthy bytes.
+struct Damage {
+    key: SegmentKey,
+    path: PathBuf,
+    original: Vec<u8>,
+    until_ms: u64,
+}
+
 struct World {
     options: RunOptions,
     rng: SeededRng,
@@ -209,6 +226,7 @@ struct World {
     clock_offset_ms: i64,
     restart_at_ms: Option<u64>,
     enospc_window: Option<(u64, u64)>,
+    damage: Option<Damage>,
     faults_on: bool,
     trace: Vec<String>,
     findings: Vec<String>,
@@ -259,6 +277,7 @@ impl World {
             clock_offset_ms: 0,
             restart_at_ms: None,
             enospc_window,
+            damage: None,
             faults_on: false,
             trace: Vec::new(),
             findings: Vec::new(),
@@ -385,6 +404,15 @@ impl World {
             self.stats.clock_jumps += 1;
             self.record(format!("clock jumps {jump_ms} ms"));
         }
+        if let Some(every) = self.swarm.damage_every_ms
+            && self.damage.is_none()
+            && self.rng.chance(1, every)
+        {
+            self.damage_sealed_segment();
+        }
+        if self.damage.as_ref().is_some_and(|damage| self.now_ms >= damage.until_ms) {
+            self.repair_damage();
+        }
         if let Some((start, end)) = self.enospc_window {
             if self.now_ms == start {
                 let capacity = self.node.storage.used_bytes() + self.rng.below(64 * 1024);
@@ -412,6 +440,9 @@ impl World {
 
     fn set_faults(&mut self, on: bool) {
         self.faults_on = on;
+        if !on {
+            self.repair_damage();
+        }
         self.apply_disk_faults(None);
         self.net.set_faults(if on { self.swarm.net } else { NetFaults::default() });
         if !on && !self.node.is_up() {
@@ -420,6 +451,9 @@ impl World {
     }
 
     fn crash(&mut self, down_ms: u64) {
+        // Damage is repaired before a restart could build on it (a real node would fetch the
+        // segment again from a replica); a restart with damage present is future work.
+        self.repair_damage();
         self.node.crash(&self.net);
         *self.ctx.broker.lock().expect("broker lock poisoned") = None;
         self.restart_at_ms = Some(self.now_ms + down_ms);
@@ -438,6 +472,64 @@ impl World {
                 self.findings.push(format!("the node did not restart on a healthy disk: {error}"));
             }
         }
+    }
+
+    /// Flips a bit in, or cuts, the frames of a random sealed segment of a workload topic.
+    fn damage_sealed_segment(&mut self) {
+        let Some(broker) = self.node.broker() else { return };
+        let sealed: Vec<(SegmentKey, u64)> = broker.meta_group().read(|meta| {
+            let meta = &meta.0;
+            let mut sealed = Vec::new();
+            for name in [ORDERS, EVENTS] {
+                let Some(topic) = meta.topic_by_name(name) else { continue };
+                for &range_id in topic.ranges.keys() {
+                    for segment in meta.range_segments(topic.topic_id, range_id) {
+                        if let Some((_, data_bytes)) = segment.sealed_length() {
+                            let segment_id = segment.segment_id;
+                            let key = SegmentKey { topic_id: topic.topic_id, range_id, segment_id };
+                            sealed.push((key, data_bytes));
+                        }
+                    }
+                }
+            }
+            sealed
+        });
+        let header_bytes = malachi_log::format::SEGMENT_HEADER_BYTES;
+        let sealed: Vec<_> =
+            sealed.into_iter().filter(|(_, bytes)| *bytes > header_bytes).collect();
+        if sealed.is_empty() {
+            return;
+        }
+        let (key, data_bytes) = sealed[self.rng.below(sealed.len() as u64) as usize];
+        let path = broker.data_plane().segment_path(key);
+        let Some(original) = self.node.storage.written_bytes(&path) else { return };
+        let position = header_bytes + self.rng.below(data_bytes - header_bytes);
+        let (what, done) = if self.rng.chance(1, 2) {
+            let bit = self.rng.below(8) as u8;
+            ("flip", self.node.storage.flip_bit(&path, position, bit))
+        } else {
+            ("cut", self.node.storage.truncate(&path, position))
+        };
+        if done.is_ok() {
+            let where_ = format!("{}/{}/{}", key.topic_id, key.range_id, key.segment_id);
+            self.record(format!("damage: {what} segment {where_} at byte {position}"));
+            let until_ms = self.now_ms + self.swarm.damage_ms;
+            self.damage = Some(Damage { key, path, original, until_ms });
+        }
+    }
+
+    /// Writes the damaged segment's healthy bytes back (unless retention deleted it meanwhile)
+    /// and makes the node open it afresh.
+    fn repair_damage(&mut self) {
+        let Some(damage) = self.damage.take() else { return };
+        let restored = self.node.storage.restore(&damage.path, &damage.original);
+        if let Some(broker) = self.node.broker() {
+            broker.data_plane().forget(damage.key);
+        }
+        self.record(format!(
+            "damage repaired ({})",
+            if restored.is_ok() { "restored" } else { "gone" }
+        ));
     }
 
     fn boot(&mut self) -> Result<(), String> {

@@ -165,6 +165,17 @@ impl SimStorage {
         Ok(())
     }
 
+    /// Repair of media damage (a healthy copy written back): both views become `bytes`.
+    /// Refused with `NotFound` for a file that is gone (deleted since it was damaged).
+    pub fn restore(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        let mut state = self.lock();
+        let file = state.files.get_mut(path).ok_or_else(|| not_found(path))?;
+        file.written = bytes.to_vec();
+        file.durable = bytes.to_vec();
+        file.unsynced.clear();
+        Ok(())
+    }
+
     /// Media damage: the file is gone, durably.
     pub fn delete(&self, path: &Path) -> io::Result<()> {
         let mut state = self.lock();
