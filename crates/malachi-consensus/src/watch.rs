@@ -6,7 +6,6 @@
 //! every waiter on a single `Notify`. It serves openraft (through [`crate::MalachiRuntime`]) and
 //! the broker's long-poll signals.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -136,26 +135,21 @@ impl<T> Drop for Sender<T> {
 impl<T> Receiver<T> {
     /// Waits for a value this receiver has not seen; `Err` once every sender is gone and every
     /// change was seen.
-    pub fn changed(&mut self) -> impl Future<Output = Result<(), Closed>> + Send + '_
-    where
-        T: Send + Sync,
-    {
-        async move {
-            loop {
-                let notified = self.shared.notify.notified();
-                tokio::pin!(notified);
-                // Registered before the checks, so a change between them still wakes us.
-                notified.as_mut().enable();
-                let version = self.shared.version.load(Ordering::SeqCst);
-                if version != self.seen {
-                    self.seen = version;
-                    return Ok(());
-                }
-                if self.shared.senders.load(Ordering::SeqCst) == 0 {
-                    return Err(Closed);
-                }
-                notified.await;
+    pub async fn changed(&mut self) -> Result<(), Closed> {
+        loop {
+            let notified = self.shared.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the checks, so a change between them still wakes us.
+            notified.as_mut().enable();
+            let version = self.shared.version.load(Ordering::SeqCst);
+            if version != self.seen {
+                self.seen = version;
+                return Ok(());
             }
+            if self.shared.senders.load(Ordering::SeqCst) == 0 {
+                return Err(Closed);
+            }
+            notified.await;
         }
     }
 
