@@ -23,7 +23,7 @@ mod panics;
 pub mod workload;
 pub mod world;
 
-pub use world::{Canary, RunOptions, RunOutcome, RunStats, run};
+pub use world::{Canary, DEFAULT_FAULT_MS, RunOptions, RunOutcome, RunStats, run};
 
 /// The command that replays `seed` (with `canary`, if any).
 pub fn replay_command(seed: u64, canary: Option<&str>) -> String {

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use malachi_sim::{Canary, RunOptions, RunOutcome, replay_command, run};
+use malachi_sim::{Canary, DEFAULT_FAULT_MS, RunOptions, RunOutcome, replay_command, run};
 
 #[derive(Parser, Debug)]
 #[command(about = "Malachi's deterministic simulator")]
@@ -29,7 +29,7 @@ struct Args {
     #[arg(long)]
     minutes: Option<u64>,
     /// Simulated milliseconds of each run's fault phase.
-    #[arg(long, default_value_t = 8_000)]
+    #[arg(long, default_value_t = DEFAULT_FAULT_MS)]
     fault_ms: u64,
     /// Switch on a deliberate bug: ack-before-fsync or skip-split-fence.
     #[arg(long)]

@@ -194,8 +194,8 @@ impl SimNode {
         }
     }
 
-    /// Runs `future` on the node's runtime to completion, stepping nothing else: for the
-    /// final drain, which reads through the log API.
+    /// Spawns `future` on the node's runtime (it runs as the world steps the node): the final
+    /// drain, which reads through the log API. `None` when the node is down.
     pub fn spawn<F>(&self, future: F) -> Option<tokio::task::JoinHandle<F::Output>>
     where
         F: std::future::Future + Send + 'static,

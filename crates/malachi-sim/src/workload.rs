@@ -81,6 +81,11 @@ impl Ctx {
         }
     }
 
+    fn clock_ms(&self) -> u64 {
+        use malachi_broker::notify::Clock;
+        self.clock.now_ms()
+    }
+
     fn stopping(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }
@@ -236,13 +241,6 @@ async fn produce_once(
             ctx.info(op_id);
             Err((op_id, true))
         }
-    }
-}
-
-impl Ctx {
-    fn clock_ms(&self) -> u64 {
-        use malachi_broker::notify::Clock;
-        self.clock.now_ms()
     }
 }
 

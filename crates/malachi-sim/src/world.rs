@@ -55,9 +55,12 @@ pub struct RunOptions {
     pub canary: Option<Canary>,
 }
 
+/// Simulated milliseconds of a run's fault phase unless told otherwise.
+pub const DEFAULT_FAULT_MS: u64 = 8_000;
+
 impl RunOptions {
     pub fn new(seed: u64) -> RunOptions {
-        RunOptions { seed, fault_ms: 8_000, canary: None }
+        RunOptions { seed, fault_ms: DEFAULT_FAULT_MS, canary: None }
     }
 }
 
