@@ -210,6 +210,8 @@ impl Swarm {
 
 /// A sealed segment file damaged on purpose, and its healthy bytes.
 struct Damage {
+    /// A cut loses the seal trailer; a flipped bit leaves the file a sealed segment.
+    cut: bool,
     key: SegmentKey,
     path: PathBuf,
     original: Vec<u8>,
@@ -454,9 +456,12 @@ impl World {
     }
 
     fn crash(&mut self, down_ms: u64) {
-        // Damage is repaired before a restart could build on it (a real node would fetch the
-        // segment again from a replica); a restart with damage present is future work.
-        self.repair_damage();
+        // A node restarts on a flipped bit (the sealed segment opens by its intact trailer and
+        // refuses the damaged frame). A cut is repaired first: restarting on a sealed segment
+        // without its trailer is future work (a replica would supply the segment).
+        if self.damage.as_ref().is_some_and(|damage| damage.cut) {
+            self.repair_damage();
+        }
         self.node.crash(&self.net);
         *self.ctx.broker.lock().expect("broker lock poisoned") = None;
         self.restart_at_ms = Some(self.now_ms + down_ms);
@@ -507,17 +512,18 @@ impl World {
         let path = broker.data_plane().segment_path(key);
         let Some(original) = self.node.storage.written_bytes(&path) else { return };
         let position = header_bytes + self.rng.below(data_bytes - header_bytes);
-        let (what, done) = if self.rng.chance(1, 2) {
+        let cut = self.rng.chance(1, 2);
+        let (what, done) = if cut {
+            ("cut", self.node.storage.truncate(&path, position))
+        } else {
             let bit = self.rng.below(8) as u8;
             ("flip", self.node.storage.flip_bit(&path, position, bit))
-        } else {
-            ("cut", self.node.storage.truncate(&path, position))
         };
         if done.is_ok() {
             let where_ = format!("{}/{}/{}", key.topic_id, key.range_id, key.segment_id);
             self.record(format!("damage: {what} segment {where_} at byte {position}"));
             let until_ms = self.now_ms + self.swarm.damage_ms;
-            self.damage = Some(Damage { key, path, original, until_ms });
+            self.damage = Some(Damage { cut, key, path, original, until_ms });
         }
     }
 
