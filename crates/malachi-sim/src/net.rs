@@ -53,6 +53,9 @@ struct NetState {
     in_flight: BTreeMap<(u64, u64), (u64, Chunk)>,
     listeners: BTreeMap<u64, UnboundedSender<Accepted>>,
     resets: u64,
+    /// A partition between the clients and the nodes: nothing is delivered before this time
+    /// (TCP retransmits what a partition drops, so the bytes arrive late, or the client gives up).
+    partitioned_until_ms: u64,
 }
 
 enum Chunk {
@@ -84,6 +87,7 @@ impl SimNet {
             in_flight: BTreeMap::new(),
             listeners: BTreeMap::new(),
             resets: 0,
+            partitioned_until_ms: 0,
         };
         SimNet { state: Arc::new(Mutex::new(state)) }
     }
@@ -94,6 +98,11 @@ impl SimNet {
 
     pub fn set_faults(&self, faults: NetFaults) {
         self.lock().faults = faults;
+    }
+
+    /// Delivers nothing before `until_ms` (0 heals a partition at once).
+    pub fn partition_until(&self, until_ms: u64) {
+        self.lock().partitioned_until_ms = until_ms;
     }
 
     /// Connections reset so far (by faults or by node crashes).
@@ -154,6 +163,9 @@ impl SimNet {
         {
             let mut state = self.lock();
             state.now_ms = now_ms;
+            if now_ms < state.partitioned_until_ms {
+                return;
+            }
             while let Some(entry) = state.in_flight.first_entry() {
                 if entry.key().0 > now_ms {
                     break;
@@ -344,6 +356,18 @@ mod tests {
         net.deliver(10);
         server.reader.read_exact(&mut early).await.unwrap();
         assert_eq!(&early, b"abcdef");
+        net.partition_until(20);
+        server.writer.write_all(b"late").await.unwrap();
+        net.deliver(19);
+        let mut late = [0u8; 4];
+        let early = tokio::time::timeout(
+            std::time::Duration::from_millis(1),
+            client_read.read_exact(&mut late),
+        );
+        assert!(early.await.is_err(), "nothing crosses a partition");
+        net.deliver(20);
+        client_read.read_exact(&mut late).await.unwrap();
+        assert_eq!(&late, b"late", "and it arrives once healed");
         net.fail_node(1);
         assert!(client_read.read_u8().await.is_err(), "a reset reaches the client");
         assert!(server.writer.write_all(b"x").await.is_err(), "and the node");

@@ -115,6 +115,9 @@ struct Swarm {
     /// Milliseconds of a full disk, at a random time of the fault phase.
     enospc_ms: Option<u64>,
     net: NetFaults,
+    /// Mean milliseconds between partitions of the clients from the node, and their length.
+    partition_every_ms: Option<u64>,
+    partition_ms_max: u64,
     clock_jump_every_ms: Option<u64>,
     /// Mean milliseconds between media damage (a flipped bit or a cut) in a sealed segment.
     damage_every_ms: Option<u64>,
@@ -147,6 +150,8 @@ impl Swarm {
         let enospc_ms = [None, None, Some(300), Some(2_000)][pick(&[0, 1, 2, 3]) as usize];
         let net =
             NetFaults { delay_max_ms: pick(&[0, 2, 20, 200]), reset_per_100k: pick(&[0, 30, 300]) };
+        let partition_every_ms = [None, None, Some(3_000)][pick(&[0, 1, 2]) as usize];
+        let partition_ms_max = pick(&[200, 5_000]);
         let clock_jump_every_ms = [None, Some(2_000)][pick(&[0, 1]) as usize];
         let damage_every_ms = [None, None, Some(1_000)][pick(&[0, 1, 2]) as usize];
         let damage_ms = pick(&[50, 500]);
@@ -167,6 +172,8 @@ impl Swarm {
             disk,
             enospc_ms,
             net,
+            partition_every_ms,
+            partition_ms_max,
             clock_jump_every_ms,
             damage_every_ms,
             damage_ms,
@@ -401,6 +408,13 @@ impl World {
             self.stats.crashes += 1;
             self.crash(down_ms);
         }
+        if let Some(every) = self.swarm.partition_every_ms
+            && self.rng.chance(1, every)
+        {
+            let length_ms = 1 + self.rng.below(self.swarm.partition_ms_max);
+            self.net.partition_until(self.now_ms + length_ms);
+            self.record(format!("partition for {length_ms} ms"));
+        }
         if let Some(every) = self.swarm.clock_jump_every_ms
             && self.rng.chance(1, every)
         {
@@ -450,6 +464,9 @@ impl World {
         }
         self.apply_disk_faults(None);
         self.net.set_faults(if on { self.swarm.net } else { NetFaults::default() });
+        if !on {
+            self.net.partition_until(0);
+        }
         if !on && !self.node.is_up() {
             self.restart_at_ms = Some(self.now_ms);
         }
