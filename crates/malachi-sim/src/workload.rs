@@ -32,7 +32,7 @@ macro_rules! until_ok {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            $client = $ctx.connect().await;
+            $client = $ctx.connect().await.into();
         }
     };
 }
@@ -244,6 +244,36 @@ async fn produce_once(
     }
 }
 
+/// Sends `records` until an attempt's outcome is known: up to four attempts, each retry on a new
+/// connection and marked as a retry of the first. `topics` is the wire topic and its name in the
+/// history.
+async fn produce_with_retries(
+    ctx: &Ctx,
+    client: &mut Arc<Client>,
+    process: u64,
+    (topic, history_topic): (&str, &str),
+    records: &[WrittenRecord],
+) {
+    let mut retry_of = None;
+    for _attempt in 0..4 {
+        match produce_once(ctx, client, process, topic, history_topic, records, retry_of).await {
+            Ok(_) | Err((_, false)) => return,
+            Err((op_id, true)) => {
+                retry_of = Some(retry_of.unwrap_or(op_id));
+                *client = Arc::new(ctx.connect().await);
+            }
+        }
+    }
+}
+
+/// Creates `topic`; one that already exists is as good.
+async fn create_if_missing(client: &Client, topic: &str) -> Result<(), ClientError> {
+    match client.create_topic(topic).await {
+        Err(error) if error.reason() != Some(Reason::AlreadyExists) => Err(error),
+        _ => Ok(()),
+    }
+}
+
 /// Produces until the world stops, then returns.
 pub async fn producer(
     ctx: Arc<Ctx>,
@@ -261,19 +291,7 @@ pub async fn producer(
         match mode {
             ProducerMode::AckEach => {
                 let records = batch(&mut rng, producer_id, "p", &mut sequence);
-                let mut retry_of = None;
-                for _attempt in 0..4 {
-                    match produce_once(&ctx, &client, process, topic, topic, &records, retry_of)
-                        .await
-                    {
-                        Ok(_) => break,
-                        Err((_, false)) => break,
-                        Err((op_id, true)) => {
-                            retry_of = Some(retry_of.unwrap_or(op_id));
-                            client = Arc::new(ctx.connect().await);
-                        }
-                    }
-                }
+                produce_with_retries(&ctx, &mut client, process, (topic, topic), &records).await;
             }
             ProducerMode::Pipelined { depth } => {
                 let mut in_flight = JoinSet::new();
@@ -474,44 +492,19 @@ fn error_name(error: &ClientError) -> String {
 /// incarnation read from a later one is then a mismatched or phantom read.
 pub async fn churner(ctx: Arc<Ctx>, process: u64, seed: u64) {
     let mut rng = SeededRng::new(seed);
-    let mut client = ctx.connect().await;
+    let mut client = Arc::new(ctx.connect().await);
     let mut sequence = 0;
     let mut old_cursor: Option<Bytes> = None;
     for incarnation in 1.. {
         let history_topic = format!("{CHURN}#{incarnation}");
-        until_ok!(
-            ctx,
-            client,
-            match client.create_topic(CHURN).await {
-                Err(error) if error.reason() != Some(Reason::AlreadyExists) => Err(error),
-                _ => Ok(()),
-            }
-        );
+        until_ok!(ctx, client, create_if_missing(&client, CHURN).await);
         if let Some(cursor) = old_cursor.take() {
             check_old_cursor_refused(&ctx, &client, cursor).await;
         }
         for _ in 0..1 + rng.below(6) {
             let records = batch(&mut rng, process, &format!("c{incarnation}-"), &mut sequence);
-            let mut retry_of = None;
-            for _attempt in 0..4 {
-                match produce_once(
-                    &ctx,
-                    &client,
-                    process,
-                    CHURN,
-                    &history_topic,
-                    &records,
-                    retry_of,
-                )
-                .await
-                {
-                    Ok(_) | Err((_, false)) => break,
-                    Err((op_id, true)) => {
-                        retry_of = Some(retry_of.unwrap_or(op_id));
-                        client = ctx.connect().await;
-                    }
-                }
-            }
+            let topics = (CHURN, history_topic.as_str());
+            produce_with_retries(&ctx, &mut client, process, topics, &records).await;
         }
         old_cursor = drain_over_wire(&ctx, &mut client, process, CHURN, &history_topic).await;
         if ctx.stopping() {
@@ -545,7 +538,7 @@ async fn check_old_cursor_refused(ctx: &Ctx, client: &Client, cursor: Bytes) {
 /// apply to it: the protocol reports no skipped count). Returns the first page's cursor.
 async fn drain_over_wire(
     ctx: &Ctx,
-    client: &mut Client,
+    client: &mut Arc<Client>,
     process: u64,
     topic: &str,
     history_topic: &str,
@@ -593,7 +586,7 @@ async fn drain_over_wire(
                 ctx.info(op_id);
                 ctx.note(format!("drain of {history_topic} failed: {}", error_name(&error)));
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                *client = ctx.connect().await;
+                *client = Arc::new(ctx.connect().await);
             }
         }
     }
@@ -632,14 +625,7 @@ pub async fn drain_on_node(
 pub async fn setup(ctx: Arc<Ctx>, retention_bytes: u64) {
     let mut client = ctx.connect().await;
     for topic in [ORDERS, EVENTS] {
-        until_ok!(
-            ctx,
-            client,
-            match client.create_topic(topic).await {
-                Err(error) if error.reason() != Some(Reason::AlreadyExists) => Err(error),
-                _ => Ok(()),
-            }
-        );
+        until_ok!(ctx, client, create_if_missing(&client, topic).await);
     }
     let field = malachi_client::PolicyField {
         name: Some(Bytes::from_static(b"retention.max_bytes")),

@@ -431,3 +431,25 @@ fn a_seal_is_not_starved_by_a_stream_of_appends() {
     }
     assert_eq!(read_all(&segment).len() as u64, seal.end_offset);
 }
+
+/// A create whose header sync failed leaves a file that read back well from the page cache but
+/// holds zeros on the disk: only such a file (or one shorter than a header) counts as unborn.
+#[test]
+fn only_a_file_without_a_durable_header_is_unborn() {
+    let sim = SimStorage::new(9);
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    segment.append(&records(3, "a")).unwrap();
+    assert!(!is_unborn(&*storage, &dir(), 1).unwrap(), "a healthy segment");
+    let (path, _) = segment_paths(&dir(), 1);
+    sim.flip_bit(&path, 0, 0).unwrap();
+    assert!(
+        !is_unborn(&*storage, &dir(), 1).unwrap(),
+        "a damaged header is corruption, not unborn"
+    );
+    let zeros = vec![0u8; sim.written_bytes(&path).unwrap().len()];
+    sim.restore(&path, &zeros).unwrap();
+    assert!(is_unborn(&*storage, &dir(), 1).unwrap(), "a zeroed header");
+    sim.truncate(&path, SEGMENT_HEADER_BYTES - 1).unwrap();
+    assert!(is_unborn(&*storage, &dir(), 1).unwrap(), "shorter than a header");
+}
