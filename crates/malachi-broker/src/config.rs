@@ -43,6 +43,14 @@ pub struct BrokerConfig {
     pub lockout_duration_ms: u64,
     pub progressive_lockout: bool,
     pub load: LoadConfig,
+    /// Segment files kept open at once; idle ones beyond it close and reopen on use.
+    pub max_open_segments: u32,
+    /// Live topics in all.
+    pub max_topics: u32,
+    /// Active ranges over all topics (each holds a write head open on a broker).
+    pub max_active_ranges: u32,
+    /// Live topics one non-administrator may have created.
+    pub max_topics_per_user: u32,
 }
 
 /// The floor the original puts under the segment age threshold.
@@ -151,13 +159,26 @@ impl BrokerConfig {
             lockout_duration_ms: sources.number("LOCKOUT_DURATION_MS", 300_000)?,
             progressive_lockout: sources.flag("PROGRESSIVE_LOCKOUT", true)?,
             load: load_config(sources)?,
+            max_open_segments: sources.number("MAX_OPEN_SEGMENTS", 1_024)?,
+            max_topics: sources.number("MAX_TOPICS", 10_000)?,
+            max_active_ranges: sources.number("MAX_ACTIVE_RANGES", 16_384)?,
+            max_topics_per_user: sources.number("MAX_TOPICS_PER_USER", 100)?,
         };
         config.validate()?;
         Ok(config)
     }
 
+    /// The resource bounds metadata commands carry (see [`malachi_meta::Quota`]).
+    pub fn quota(&self) -> malachi_meta::Quota {
+        malachi_meta::Quota {
+            max_topics: Some(self.max_topics),
+            max_active_ranges: Some(self.max_active_ranges),
+            max_topics_per_creator: Some(self.max_topics_per_user),
+        }
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
-        let checks: [(&str, bool, String); 5] = [
+        let checks: [(&str, bool, String); 6] = [
             (
                 "MALACHI_SEGMENT_MAX_AGE_MS",
                 self.segment_max_age_ms >= SEGMENT_MAX_AGE_MS_MIN,
@@ -182,6 +203,11 @@ impl BrokerConfig {
                 "MALACHI_GROUP_COMMIT_FLUSH_MAX_RECORDS",
                 self.group_commit_max_records >= 1,
                 "must be at least 1".into(),
+            ),
+            (
+                "MALACHI_MAX_OPEN_SEGMENTS",
+                self.max_open_segments >= 16,
+                "must be at least 16".into(),
             ),
         ];
         for (name, ok, problem) in checks {

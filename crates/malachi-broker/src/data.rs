@@ -2,17 +2,25 @@
 //! `malachi-log` made off the async threads.
 //!
 //! Layout under the data directory: `topics/<topic_id>/<range_id>/<segment_id>.seg` (+ `.idx`).
-//! Segments are opened lazily and kept open; opening an unsealed one runs recovery. The data plane
-//! decides nothing: metadata says which segment is active, when to seal, what to delete.
+//! Segments are opened lazily. The first open of a file in this process is a recovery (the file
+//! is synced and read as it is on the disk, never as the page cache shows it); a segment that
+//! went idle and was closed to stay under the open-handle cap reopens from what it was when it
+//! closed, without a scan. The data plane decides nothing: metadata says which segments exist,
+//! which is active, when to seal and what to delete, and the caller hands that in ([`Listed`]).
+//!
+//! Concurrency: the map of open handles is behind one short lock that is never held across I/O;
+//! opening, creating and removing one segment is serialised by that segment's own gate, so a
+//! delete can never interleave with a create of the same file (no orphan files), and the
+//! blocking part runs where the [`IoMode`] says.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use malachi_log::{
-    AppendError, AppendTicket, OpenError, ReadBatch, ReadError, Record, RecoveryReport, SealError,
-    SealInfo, Segment, SegmentConfig, Storage, segment_paths,
+    AppendError, AppendTicket, CleanClose, OpenError, ReadBatch, ReadError, Record, RecoveryReport,
+    SealError, SealInfo, Segment, SegmentConfig, Storage, create_dir_durable, segment_paths,
 };
 
 /// Names one segment on this node.
@@ -21,6 +29,18 @@ pub struct SegmentKey {
     pub topic_id: u64,
     pub range_id: u32,
     pub segment_id: u64,
+}
+
+/// What metadata says of a segment, as far as its file is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listed {
+    /// Active, and this node never reported its file created: a missing file is a create that
+    /// has not happened yet (or crashed before it did) and is created now.
+    ActiveUnborn,
+    /// Active, and this node reported its file created: a missing file is damage.
+    ActiveCreated,
+    /// Sealed at this record count: a missing or headerless file is damage.
+    Sealed { end_offset: u64 },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,8 +53,13 @@ pub enum DataError {
     Seal(#[from] SealError),
     #[error("opening segment {key:?}: {source}")]
     Open { key: SegmentKey, source: OpenError },
-    #[error("segment {0:?} has no file on this node")]
-    Missing(SegmentKey),
+    /// Metadata lists the segment, and its file is missing or cannot be a segment: lost or
+    /// damaged data, reported and kept, never recreated empty.
+    #[error("segment {key:?} is damaged: {detail}")]
+    Damaged { key: SegmentKey, detail: String },
+    /// Metadata no longer lists the segment (its topic was deleted, retention expired it).
+    #[error("segment {0:?} no longer exists")]
+    Gone(SegmentKey),
     #[error("storage: {0}")]
     Io(#[from] io::Error),
 }
@@ -50,77 +75,121 @@ pub enum IoMode {
     Inline,
 }
 
-/// Segment files of one node.
+/// A segment as [`DataPlane::open`] returns it.
 #[derive(Debug)]
-pub struct DataPlane {
-    io_mode: IoMode,
-    storage: Arc<dyn Storage>,
-    root: PathBuf,
-    config: SegmentConfig,
-    open: Mutex<OpenSegments>,
-    /// Recovery reports of segments opened since start (the most recent ones), for operators.
-    recoveries: Mutex<Vec<(SegmentKey, RecoveryReport)>>,
-    /// Where poisoned segments were last durable. After a failed `fdatasync` the page cache may
-    /// still show bytes that never reached the disk; reopening must cut them off rather than let
-    /// recovery trust them.
-    poisoned_ends: Mutex<BTreeMap<SegmentKey, u64>>,
-    /// Segments whose create failed. Their file may exist and even read back well from the page
-    /// cache while its header never reached the disk, so it is never opened: the next create
-    /// replaces it. (Found by the simulator: appends to such a file were acknowledged, and a
-    /// restart found a zeroed header in front of them.)
-    failed_creates: Mutex<BTreeSet<SegmentKey>>,
+pub struct Opened {
+    pub segment: Arc<Segment>,
+    /// The file was created by this call: the caller reports it to metadata.
+    pub created: bool,
 }
 
 /// Recovery reports kept for inspection.
 const RECOVERIES_KEPT_MAX: usize = 1024;
 
-/// Sealed segments kept open at once; the least recently used are closed beyond it (each holds
-/// a file descriptor and its sparse index). Active segments are never closed.
-pub const OPEN_SEALED_SEGMENTS_MAX: usize = 256;
+/// Handles kept open at once unless configured otherwise (`MALACHI_MAX_OPEN_SEGMENTS`); idle
+/// segments beyond it, least recently used first, are closed and reopen on their next use.
+pub const OPEN_SEGMENTS_MAX_DEFAULT: usize = 1024;
 
-/// Open segment handles with least-recently-used closing of sealed ones.
+/// Least recently used handles looked at per insert when closing beyond the cap; busy ones are
+/// skipped, so the cap may be exceeded while every old handle is in use.
+const EVICTION_CANDIDATES_MAX: usize = 32;
+
+/// Segment files of one node.
+#[derive(Debug)]
+pub struct DataPlane {
+    io_mode: IoMode,
+    storage: Arc<dyn Storage>,
+    /// The data directory, durable since boot: new directories below it are made durable.
+    data_dir: PathBuf,
+    root: PathBuf,
+    config: SegmentConfig,
+    open_segments_max: usize,
+    open: Mutex<OpenSegments>,
+    /// One gate per segment being opened, created or removed.
+    gates: Mutex<BTreeMap<SegmentKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Range directories made durable by this process.
+    durable_dirs: Mutex<BTreeSet<(u64, u32)>>,
+    /// Recovery reports of segments opened since start (the most recent ones), for operators.
+    recoveries: Mutex<VecDeque<(SegmentKey, RecoveryReport)>>,
+    /// The simulator's canary: directories are created without syncing their parents.
+    canary_skip_dir_sync: bool,
+}
+
+#[derive(Debug)]
+struct Handle {
+    segment: Arc<Segment>,
+    last_use: u64,
+}
+
+/// Open handles with least-recently-used closing; every operation is O(log n).
 #[derive(Debug, Default)]
 struct OpenSegments {
-    handles: BTreeMap<SegmentKey, (Arc<Segment>, u64)>,
-    /// Bumped by every use; the handle's value is its last use.
+    handles: BTreeMap<SegmentKey, Handle>,
+    /// Handles by last use, oldest first.
+    by_use: BTreeMap<u64, SegmentKey>,
+    /// Segments closed while idle, with what they held: they reopen without recovery. Any
+    /// other open (after a restart, after a failed write) recovers from the disk.
+    closed: BTreeMap<SegmentKey, CleanClose>,
+    /// Bumped by every use; a handle's `last_use` is the value at its last use.
     uses: u64,
 }
 
 impl OpenSegments {
     fn get(&mut self, key: &SegmentKey) -> Option<Arc<Segment>> {
+        let handle = self.handles.get_mut(key)?;
         self.uses += 1;
-        let uses = self.uses;
-        self.handles.get_mut(key).map(|(segment, last_use)| {
-            *last_use = uses;
-            Arc::clone(segment)
-        })
+        self.by_use.remove(&handle.last_use);
+        handle.last_use = self.uses;
+        self.by_use.insert(self.uses, *key);
+        Some(Arc::clone(&handle.segment))
     }
 
     fn is(&self, key: &SegmentKey, segment: &Arc<Segment>) -> bool {
-        self.handles.get(key).is_some_and(|(current, _)| Arc::ptr_eq(current, segment))
+        self.handles.get(key).is_some_and(|handle| Arc::ptr_eq(&handle.segment, segment))
     }
 
-    fn insert(&mut self, key: SegmentKey, segment: Arc<Segment>) {
+    /// Inserts a handle and closes idle ones beyond `max`, least recently used first. Returns
+    /// the closed handles, to be dropped (closing their files) outside the lock.
+    fn insert(&mut self, key: SegmentKey, segment: Arc<Segment>, max: usize) -> Vec<Arc<Segment>> {
+        self.remove(&key);
+        self.closed.remove(&key);
         self.uses += 1;
-        self.handles.insert(key, (segment, self.uses));
-        let sealed =
-            self.handles.values().filter(|(segment, _)| segment.status().sealed.is_some()).count();
-        if sealed > OPEN_SEALED_SEGMENTS_MAX {
-            let coldest = self
-                .handles
-                .iter()
-                .filter(|(_, (segment, _))| segment.status().sealed.is_some())
-                .min_by_key(|(_, (_, last_use))| *last_use)
-                .map(|(key, _)| *key);
-            if let Some(coldest) = coldest {
-                // Readers holding it keep it open until they finish.
-                self.handles.remove(&coldest);
-            }
+        self.by_use.insert(self.uses, key);
+        self.handles.insert(key, Handle { segment, last_use: self.uses });
+        let mut closed = Vec::new();
+        let excess = self.handles.len().saturating_sub(max);
+        if excess == 0 {
+            return closed;
         }
+        let candidates: Vec<(u64, SegmentKey)> = self
+            .by_use
+            .iter()
+            .take(EVICTION_CANDIDATES_MAX)
+            .map(|(&last_use, &key)| (last_use, key))
+            .collect();
+        for (last_use, candidate) in candidates {
+            if closed.len() == excess {
+                break;
+            }
+            let segment = &self.handles[&candidate].segment;
+            // Held elsewhere means in use (an append, a read): a second handle on one file
+            // must never exist, so only an unshared handle may close.
+            if Arc::strong_count(segment) > 1 {
+                continue;
+            }
+            let Some(clean) = segment.close_clean() else { continue };
+            self.by_use.remove(&last_use);
+            let handle = self.handles.remove(&candidate).expect("indexed by use");
+            self.closed.insert(candidate, clean);
+            closed.push(handle.segment);
+        }
+        closed
     }
 
-    fn remove(&mut self, key: &SegmentKey) {
-        self.handles.remove(key);
+    fn remove(&mut self, key: &SegmentKey) -> Option<Arc<Segment>> {
+        let handle = self.handles.remove(key)?;
+        self.by_use.remove(&handle.last_use);
+        Some(handle.segment)
     }
 
     fn len(&self) -> usize {
@@ -142,13 +211,28 @@ impl DataPlane {
         DataPlane {
             io_mode,
             storage,
+            data_dir: data_dir.to_path_buf(),
             root: data_dir.join("topics"),
             config,
+            open_segments_max: OPEN_SEGMENTS_MAX_DEFAULT,
             open: Mutex::new(OpenSegments::default()),
-            recoveries: Mutex::new(Vec::new()),
-            poisoned_ends: Mutex::new(BTreeMap::new()),
-            failed_creates: Mutex::new(BTreeSet::new()),
+            gates: Mutex::new(BTreeMap::new()),
+            durable_dirs: Mutex::new(BTreeSet::new()),
+            recoveries: Mutex::new(VecDeque::new()),
+            canary_skip_dir_sync: false,
         }
+    }
+
+    /// The simulator's canary (see `Canaries::skip_dir_sync`); never set elsewhere.
+    pub fn with_canary_skip_dir_sync(mut self, on: bool) -> DataPlane {
+        self.canary_skip_dir_sync = on;
+        self
+    }
+
+    /// Caps the handles kept open (at least 2: an active segment and one being read).
+    pub fn with_open_segments_max(mut self, max: usize) -> DataPlane {
+        self.open_segments_max = max.max(2);
+        self
     }
 
     pub fn config(&self) -> &SegmentConfig {
@@ -159,100 +243,131 @@ impl DataPlane {
         self.root.join(topic_id.to_string()).join(range_id.to_string())
     }
 
-    /// Creates the file of a segment metadata has just created (idempotent: an existing file,
-    /// say from a create that crashed before metadata heard of it, is opened instead).
-    pub fn create(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
-        let mut open = self.open.lock().expect("data plane lock poisoned");
-        if let Some(segment) = open.get(&key) {
-            return Ok(segment);
+    /// `(durable_offset, durable_bytes)` of a segment that is open or closed cleanly; no I/O.
+    pub fn durable_end(&self, key: SegmentKey) -> Option<(u64, u64)> {
+        let open = self.lock_open();
+        if let Some(handle) = open.handles.get(&key) {
+            let status = handle.segment.status();
+            return Some((status.durable_offset, status.durable_bytes));
         }
-        let dir = self.range_dir(key.topic_id, key.range_id);
-        let (data_path, index_path) = segment_paths(&dir, key.segment_id);
-        let failed_before =
-            self.failed_creates.lock().expect("data plane lock poisoned").contains(&key);
-        if failed_before {
-            self.storage.remove(&data_path).or_else(ignore_missing)?;
-            self.storage.remove(&index_path).or_else(ignore_missing)?;
+        open.closed.get(&key).map(|clean| (clean.durable_offset, clean.durable_bytes))
+    }
+
+    /// The handle if the segment is open now; no I/O.
+    pub fn peek(&self, key: SegmentKey) -> Option<Arc<Segment>> {
+        self.lock_open().get(&key)
+    }
+
+    /// The open segment, opening (recovering, or creating) its file on first use. `listed` is
+    /// asked under the segment's gate, right before any file is touched, so an answer about a
+    /// segment being deleted is never stale by the time a file would be created.
+    pub async fn open(
+        &self,
+        key: SegmentKey,
+        listed: impl FnOnce() -> Option<Listed>,
+    ) -> Result<Opened, DataError> {
+        if let Some(segment) = self.peek(key) {
+            return Ok(Opened { segment, created: false });
         }
-        let segment = if self.storage.exists(&data_path)? {
-            self.open_existing(key, &dir)?
-        } else {
-            match Segment::create(Arc::clone(&self.storage), &dir, key.segment_id, self.config) {
-                Ok(segment) => {
-                    self.failed_creates.lock().expect("data plane lock poisoned").remove(&key);
-                    segment
-                }
-                Err(source) => {
-                    self.failed_creates.lock().expect("data plane lock poisoned").insert(key);
-                    return Err(DataError::Open { key, source });
-                }
+        let gate = self.gate(key);
+        let held = gate.lock().await;
+        let outcome = self.open_gated(key, listed).await;
+        drop(held);
+        self.release_gate(key, gate);
+        outcome
+    }
+
+    async fn open_gated(
+        &self,
+        key: SegmentKey,
+        listed: impl FnOnce() -> Option<Listed>,
+    ) -> Result<Opened, DataError> {
+        if let Some(segment) = self.peek(key) {
+            return Ok(Opened { segment, created: false });
+        }
+        let listed = listed().ok_or(DataError::Gone(key))?;
+        let clean = self.lock_open().closed.remove(&key);
+        let ensure_dir = match self.canary_skip_dir_sync {
+            true => EnsureDir::WithoutSync,
+            false if self.durable_dirs_lock().contains(&(key.topic_id, key.range_id)) => {
+                EnsureDir::Done
+            }
+            false => EnsureDir::Durably,
+        };
+        let task = OpenTask {
+            storage: Arc::clone(&self.storage),
+            data_dir: self.data_dir.clone(),
+            dir: self.range_dir(key.topic_id, key.range_id),
+            config: self.config,
+            key,
+            listed,
+            clean,
+            ensure_dir,
+        };
+        let opened = self.run(move || task.run()).await;
+        let (segment, created, report) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                tracing::warn!(?key, %error, "opening a segment failed");
+                return Err(error);
             }
         };
+        self.durable_dirs_lock().insert((key.topic_id, key.range_id));
+        if let Some(report) = report {
+            self.note_recovery(key, report);
+        }
         let segment = Arc::new(segment);
-        open.insert(key, Arc::clone(&segment));
-        Ok(segment)
+        let closed = self.lock_open().insert(key, Arc::clone(&segment), self.open_segments_max);
+        drop(closed);
+        Ok(Opened { segment, created })
     }
 
-    /// The open segment, opening (and recovering) its file on first use.
-    pub fn get(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
-        let mut open = self.open.lock().expect("data plane lock poisoned");
-        if let Some(segment) = open.get(&key) {
-            return Ok(segment);
-        }
-        let dir = self.range_dir(key.topic_id, key.range_id);
-        let (data_path, _) = segment_paths(&dir, key.segment_id);
-        let failed_create =
-            self.failed_creates.lock().expect("data plane lock poisoned").contains(&key);
-        if failed_create || !self.storage.exists(&data_path)? {
-            return Err(DataError::Missing(key));
-        }
-        let segment = Arc::new(self.open_existing(key, &dir)?);
-        open.insert(key, Arc::clone(&segment));
-        Ok(segment)
+    fn gate(&self, key: SegmentKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.gates.lock().expect("gates lock poisoned");
+        Arc::clone(gates.entry(key).or_default())
     }
 
-    fn open_existing(&self, key: SegmentKey, dir: &Path) -> Result<Segment, DataError> {
-        let poisoned_end =
-            self.poisoned_ends.lock().expect("data plane lock poisoned").remove(&key);
-        if let Some(durable_bytes) = poisoned_end {
-            let (data_path, _) = segment_paths(dir, key.segment_id);
-            let file = self.storage.open(&data_path, malachi_log::OpenMode::Existing)?;
-            file.set_len(durable_bytes)?;
-            file.sync_data()?;
+    /// Drops the gate's entry once nobody else holds or waits for it.
+    fn release_gate(&self, key: SegmentKey, gate: Arc<tokio::sync::Mutex<()>>) {
+        let mut gates = self.gates.lock().expect("gates lock poisoned");
+        // One reference in the map, one here: nobody else waits.
+        if Arc::strong_count(&gate) == 2 {
+            gates.remove(&key);
         }
-        let opened = Segment::open(Arc::clone(&self.storage), dir, key.segment_id, self.config);
-        let (segment, report) = match opened {
-            Err(OpenError::BadHeader(_))
-                if malachi_log::is_unborn(&*self.storage, dir, key.segment_id)? =>
-            {
-                // Its create failed before the header was durable (found by the simulator: a
-                // range whose new head hit a failed fdatasync refused every later produce).
-                let (data_path, index_path) = segment_paths(dir, key.segment_id);
-                self.storage.remove(&data_path)?;
-                self.storage.remove(&index_path).or_else(ignore_missing)?;
-                let segment =
-                    Segment::create(Arc::clone(&self.storage), dir, key.segment_id, self.config)
-                        .map_err(|source| DataError::Open { key, source })?;
-                return Ok(segment);
-            }
-            other => other.map_err(|source| DataError::Open { key, source })?,
-        };
+    }
+
+    fn note_recovery(&self, key: SegmentKey, report: RecoveryReport) {
+        if let Some(damage) = report.damage {
+            tracing::error!(
+                ?key,
+                ?damage,
+                "damaged records in a segment: served up to the damage, refused past it; the \
+                 file is kept as it is"
+            );
+        } else if report.valid_frames_cut > 0 {
+            tracing::warn!(
+                ?key,
+                valid_frames_cut = report.valid_frames_cut,
+                bytes_cut = report.bytes_truncated,
+                "recovery cut a torn last write that held valid frames after a bad one"
+            );
+        } else if report.bytes_truncated > 0 {
+            tracing::info!(?key, bytes_cut = report.bytes_truncated, "recovery cut a torn tail");
+        }
         let mut recoveries = self.recoveries.lock().expect("data plane lock poisoned");
         if recoveries.len() >= RECOVERIES_KEPT_MAX {
-            recoveries.remove(0);
+            recoveries.pop_front();
         }
-        recoveries.push((key, report));
-        Ok(segment)
+        recoveries.push_back((key, report));
     }
 
     /// Forgets a segment whose write or sync failed, if `segment` is still the open handle, so
-    /// the next use reopens it cut back to what was durable. A handle opened since is left alone.
+    /// the next use recovers it from what is on the disk. A handle opened since is left alone.
     pub fn evict_poisoned(&self, key: SegmentKey, segment: &Arc<Segment>) {
-        let mut open = self.open.lock().expect("data plane lock poisoned");
+        let mut open = self.lock_open();
         if open.is(&key, segment) {
             open.remove(&key);
-            let durable_bytes = segment.status().durable_bytes;
-            self.poisoned_ends.lock().expect("data plane lock poisoned").insert(key, durable_bytes);
+            tracing::warn!(?key, cause = ?segment.status().poisoned, "segment poisoned");
         }
     }
 
@@ -261,37 +376,145 @@ impl DataPlane {
         segment_paths(&self.range_dir(key.topic_id, key.range_id), key.segment_id).0
     }
 
-    /// Drops a segment's open handle, so its next use opens the file afresh (after the file was
-    /// repaired from another copy).
+    /// Drops a segment's open handle, so its next use recovers the file afresh (after the file
+    /// was repaired from another copy).
     pub fn forget(&self, key: SegmentKey) {
-        self.open.lock().expect("data plane lock poisoned").remove(&key);
+        let mut open = self.lock_open();
+        open.remove(&key);
+        open.closed.remove(&key);
     }
 
     /// Segment handles open now.
     pub fn open_segments(&self) -> usize {
-        self.open.lock().expect("data plane lock poisoned").len()
+        self.lock_open().len()
     }
 
     pub fn recoveries(&self) -> Vec<(SegmentKey, RecoveryReport)> {
-        self.recoveries.lock().expect("data plane lock poisoned").clone()
+        self.recoveries.lock().expect("data plane lock poisoned").iter().cloned().collect()
     }
 
-    /// Deletes a segment's files; a file already gone is not an error.
-    pub fn remove(&self, key: SegmentKey) -> Result<(), DataError> {
-        // Held across the deletion, so a concurrent `get` cannot reopen the file in between.
-        let mut open = self.open.lock().expect("data plane lock poisoned");
-        open.remove(&key);
+    /// Deletes a segment's files; a file already gone is not an error. Metadata no longer
+    /// lists the segment, so no open can create it again once this holds its gate.
+    pub async fn remove(&self, key: SegmentKey) -> Result<(), DataError> {
+        let gate = self.gate(key);
+        let held = gate.lock().await;
+        {
+            let mut open = self.lock_open();
+            open.remove(&key);
+            open.closed.remove(&key);
+        }
+        let storage = Arc::clone(&self.storage);
         let dir = self.range_dir(key.topic_id, key.range_id);
-        let (data_path, index_path) = segment_paths(&dir, key.segment_id);
-        for path in [data_path, index_path] {
-            match self.storage.remove(&path) {
-                Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error.into()),
-                _ => {}
+        let outcome = self.run(move || remove_files(&*storage, &dir, key.segment_id)).await;
+        drop(held);
+        self.release_gate(key, gate);
+        outcome.map_err(|error| {
+            tracing::warn!(?key, %error, "deleting a segment's files failed");
+            DataError::Io(error)
+        })
+    }
+
+    fn lock_open(&self) -> MutexGuard<'_, OpenSegments> {
+        self.open.lock().expect("data plane lock poisoned")
+    }
+
+    fn durable_dirs_lock(&self) -> MutexGuard<'_, BTreeSet<(u64, u32)>> {
+        self.durable_dirs.lock().expect("data plane lock poisoned")
+    }
+}
+
+/// One open of a segment's file, run where blocking calls run.
+struct OpenTask {
+    storage: Arc<dyn Storage>,
+    data_dir: PathBuf,
+    dir: PathBuf,
+    config: SegmentConfig,
+    key: SegmentKey,
+    listed: Listed,
+    clean: Option<CleanClose>,
+    ensure_dir: EnsureDir,
+}
+
+/// What a create must do for the segment's range directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EnsureDir {
+    /// This process made it durable already.
+    Done,
+    /// Create it and every missing level, each made durable in its parent.
+    Durably,
+    /// The canary: create it, sync nothing.
+    WithoutSync,
+}
+
+type OpenOutcome = Result<(Segment, bool, Option<RecoveryReport>), DataError>;
+
+impl OpenTask {
+    fn run(self) -> OpenOutcome {
+        let key = self.key;
+        if let Some(clean) = self.clean {
+            let storage = Arc::clone(&self.storage);
+            match Segment::reopen_clean(storage, &self.dir, key.segment_id, self.config, clean) {
+                Ok(segment) => return Ok((segment, false, None)),
+                Err(error) => tracing::warn!(?key, %error, "a closed segment changed; recovering"),
             }
         }
-        self.storage.sync_dir(&dir).or_else(ignore_missing)?;
-        Ok(())
+        let (data_path, _) = segment_paths(&self.dir, key.segment_id);
+        if !self.storage.exists(&data_path)? {
+            return match self.listed {
+                Listed::ActiveUnborn => self.create(),
+                Listed::ActiveCreated | Listed::Sealed { .. } => Err(DataError::Damaged {
+                    key,
+                    detail: format!("its file {} is missing", data_path.display()),
+                }),
+            };
+        }
+        self.recover()
     }
+
+    fn create(&self) -> OpenOutcome {
+        match self.ensure_dir {
+            EnsureDir::Done => {}
+            EnsureDir::Durably => create_dir_durable(&*self.storage, &self.data_dir, &self.dir)?,
+            EnsureDir::WithoutSync => self.storage.create_dir_all(&self.dir)?,
+        }
+        let storage = Arc::clone(&self.storage);
+        Segment::create(storage, &self.dir, self.key.segment_id, self.config)
+            .map(|segment| (segment, true, None))
+            .map_err(|source| DataError::Open { key: self.key, source })
+    }
+
+    fn recover(&self) -> OpenOutcome {
+        let key = self.key;
+        let storage = Arc::clone(&self.storage);
+        match Segment::open(storage, &self.dir, key.segment_id, self.config) {
+            Ok((segment, report)) => Ok((segment, false, Some(report))),
+            Err(OpenError::BadHeader(error)) => {
+                let sealed = matches!(self.listed, Listed::Sealed { .. });
+                if !sealed && malachi_log::is_unborn(&*self.storage, &self.dir, key.segment_id)? {
+                    // Its create never became durable, so it holds nothing anyone was promised
+                    // (found by the simulator: a range whose new head hit a failed fdatasync
+                    // refused every later produce).
+                    remove_files(&*self.storage, &self.dir, key.segment_id)?;
+                    return self.create();
+                }
+                Err(DataError::Damaged { key, detail: format!("its header: {error}") })
+            }
+            Err(OpenError::WrongSegment { expected, found }) => Err(DataError::Damaged {
+                key,
+                detail: format!("its file holds segment {found}, not {expected}"),
+            }),
+            Err(source) => Err(DataError::Open { key, source }),
+        }
+    }
+}
+
+/// Deletes a segment's data and index files and makes the deletion durable.
+fn remove_files(storage: &dyn Storage, dir: &Path, segment_id: u64) -> io::Result<()> {
+    let (data_path, index_path) = segment_paths(dir, segment_id);
+    for path in [data_path, index_path] {
+        storage.remove(&path).or_else(ignore_missing)?;
+    }
+    storage.sync_dir(dir).or_else(ignore_missing)
 }
 
 fn ignore_missing(error: io::Error) -> io::Result<()> {
@@ -334,36 +557,4 @@ impl DataPlane {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use malachi_log::SimStorage;
-
-    #[test]
-    fn sealed_segments_beyond_the_cap_are_closed_and_reopen_on_use() {
-        let data = DataPlane::new(
-            Arc::new(SimStorage::new(1)),
-            Path::new("/data"),
-            SegmentConfig::default(),
-        );
-        let active = SegmentKey { topic_id: 1, range_id: 0, segment_id: 0 };
-        data.create(active).unwrap();
-        let sealed_count = OPEN_SEALED_SEGMENTS_MAX as u64 + 10;
-        for segment_id in 1..=sealed_count {
-            let key = SegmentKey { topic_id: 1, range_id: 0, segment_id };
-            data.create(key).unwrap().seal().unwrap();
-            // Touch the segment once more so the cap sees it sealed.
-            data.get(key).unwrap();
-        }
-        assert!(
-            data.open_segments() <= OPEN_SEALED_SEGMENTS_MAX + 2,
-            "{} open",
-            data.open_segments()
-        );
-        let first = SegmentKey { topic_id: 1, range_id: 0, segment_id: 1 };
-        assert_eq!(data.get(first).unwrap().status().sealed.map(|seal| seal.end_offset), Some(0));
-        assert!(
-            data.get(active).unwrap().status().sealed.is_none(),
-            "the active segment stays open"
-        );
-    }
-}
+mod tests;

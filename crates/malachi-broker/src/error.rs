@@ -1,7 +1,7 @@
 //! The log API's errors, each with the wire reason string a client sees.
 
 use malachi_consensus::ConsensusError;
-use malachi_log::{AppendError, LimitError};
+use malachi_log::{AppendError, LimitError, ReadError};
 use malachi_meta::MetaError;
 
 use crate::data::DataError;
@@ -68,6 +68,10 @@ impl From<DataError> for LogError {
             DataError::Append(AppendError::Limit(limit)) => LogError::Limit(limit),
             DataError::Append(AppendError::Poisoned { cause }) => {
                 LogError::Storage { reason: cause.reason(), detail: cause.to_string() }
+            }
+            DataError::Gone(_) => LogError::NoSuchTopic,
+            DataError::Damaged { .. } | DataError::Read(ReadError::Corrupt { .. }) => {
+                LogError::Storage { reason: "storage_damaged", detail: error.to_string() }
             }
             other => LogError::Storage { reason: "storage_failed", detail: other.to_string() },
         }

@@ -86,7 +86,7 @@ impl Broker {
         let max = clamp_max(args.max);
         let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
         let Some(topic) = self.meta.read(|meta| meta.0.topic_by_name(args.topic).cloned()) else {
-            // The original answers an empty page; an empty cursor means "from the start".
+            // The original answers an unknown topic with an empty page.
             return Ok(FetchPage::default());
         };
         let mut frontier = self.start_frontier(&topic, args)?;
@@ -123,7 +123,9 @@ impl Broker {
         if let (Some(group), Some(member)) = (args.group, args.member) {
             return Ok(self.member_frontier(topic, group, member));
         }
-        if let Some(text) = args.cursor.filter(|text| !text.is_empty()) {
+        // A cursor that is present is decoded, even when empty: the original answers an empty
+        // cursor `invalid_cursor`, and only an absent one means "from the start".
+        if let Some(text) = args.cursor {
             return self.decode_cursor(topic, text);
         }
         if let Some(group) = args.group {
@@ -215,16 +217,26 @@ impl Broker {
             read.skipped = range.expired_records - offset;
             offset = range.expired_records;
         }
-        let spans: Vec<(SegmentSpan, u64)> = self
-            .segment_spans(topic.topic_id, range_id)
-            .into_iter()
-            .map(|span| {
-                let length = span.sealed_end.unwrap_or_else(|| {
-                    self.active_durable_end(topic.topic_id, range_id, span.segment_id)
-                });
-                (span, span.base + length)
-            })
-            .collect();
+        let mut spans: Vec<(SegmentSpan, u64)> = Vec::new();
+        for span in self.segment_spans(topic.topic_id, range_id) {
+            let length = match span.sealed_end {
+                Some(end_offset) => end_offset,
+                None => {
+                    let key = SegmentKey {
+                        topic_id: topic.topic_id,
+                        range_id,
+                        segment_id: span.segment_id,
+                    };
+                    match self.active_durable_end(key).await {
+                        Ok(end_offset) => end_offset,
+                        // Rolled, split or deleted since we looked: nothing more to read here.
+                        Err(DataError::Gone(_)) => 0,
+                        Err(error) => return Err(error.into()),
+                    }
+                }
+            };
+            spans.push((span, span.base + length));
+        }
         let range_end = spans.last().map_or(offset, |(_, end)| *end);
         let mut full = false;
         for (span, end) in spans {
@@ -237,10 +249,11 @@ impl Broker {
             offset = offset.max(span.base);
             let key =
                 SegmentKey { topic_id: topic.topic_id, range_id, segment_id: span.segment_id };
-            let segment = match self.data.get(key) {
+            let segment = match self.segment(key).await {
                 Ok(segment) => segment,
-                Err(DataError::Missing(_)) => {
-                    // Deleted by retention after we looked: count it as expired.
+                Err(DataError::Gone(_)) => {
+                    // Metadata dropped it after we looked (retention): count it as expired. A
+                    // segment metadata still lists but whose file is missing is damage instead.
                     read.skipped += end - offset;
                     offset = end;
                     continue;
@@ -261,7 +274,7 @@ impl Broker {
                     // durable records, which are all a reader may see anyway.
                     Err(ReadError::Poisoned { .. }) => {
                         self.repair_poisoned(key, &segment);
-                        let segment = self.data.get(key)?;
+                        let segment = self.segment(key).await?;
                         self.data.read(segment, from, wanted, bytes_left).await
                     }
                     other => other,

@@ -15,6 +15,7 @@ pub mod maintenance;
 pub mod node;
 pub mod notify;
 pub mod produce;
+mod segments;
 pub mod testing;
 #[cfg(test)]
 mod testkit;

@@ -20,7 +20,7 @@ impl Broker {
                 tokio::time::sleep(Duration::from_millis(TICK_MS)).await;
                 let Some(broker) = weak.upgrade() else { return };
                 broker.reshape_by_load().await;
-                broker.roll_by_age();
+                broker.roll_by_age().await;
                 let now_ms = broker.clock.now_ms();
                 broker.members.lock().expect("members lock poisoned").prune(now_ms);
                 let now_ms = broker.clock.now_ms();
@@ -101,7 +101,7 @@ impl Broker {
 
     /// Requests a roll of every active segment older than its topic's age threshold that holds
     /// at least one record.
-    pub fn roll_by_age(&self) {
+    pub async fn roll_by_age(&self) {
         let now_ms = self.clock.now_ms();
         let heads: Vec<(u64, u32, u64)> = self.meta.read(|meta| {
             meta.0
@@ -117,19 +117,22 @@ impl Broker {
         });
         for (topic_id, range_id, segment_id) in heads {
             let key = crate::data::SegmentKey { topic_id, range_id, segment_id };
-            let Ok(segment) = self.data.get(key) else { continue };
-            let status = segment.status();
-            if status.durable_offset == 0 {
+            // Known without I/O when open or closed cleanly; otherwise opened once.
+            let (durable_offset, durable_bytes) = match self.data.durable_end(key) {
+                Some(end) => end,
+                None => match self.segment(key).await {
+                    Ok(segment) => {
+                        let status = segment.status();
+                        (status.durable_offset, status.durable_bytes)
+                    }
+                    Err(_) => continue,
+                },
+            };
+            if durable_offset == 0 {
                 continue;
             }
             let due = self.meta.read(|meta| {
-                meta.0.roll_due(
-                    topic_id,
-                    range_id,
-                    status.durable_bytes,
-                    now_ms,
-                    &self.roll_defaults(),
-                )
+                meta.0.roll_due(topic_id, range_id, durable_bytes, now_ms, &self.roll_defaults())
             });
             if due {
                 self.request_roll(topic_id, range_id);

@@ -57,6 +57,14 @@ pub struct Canaries {
     /// A split records the parent's current end without sealing it first, so appends still in
     /// flight land past the end metadata recorded.
     pub skip_split_fence: bool,
+    /// Segment recovery trusts the page cache (no sync, no cache drop): after a failed sync
+    /// or a process crash it serves bytes that never reached the disk.
+    pub trust_page_cache: bool,
+    /// New directories are created without syncing their parents, so a power loss can take a
+    /// whole range directory with its synced files.
+    pub skip_dir_sync: bool,
+    /// Segment recovery cuts at the first bad frame even when later writes follow it.
+    pub cut_damage: bool,
 }
 
 impl NodeDeps {
@@ -134,8 +142,7 @@ pub enum BootError {
 impl Broker {
     pub async fn open(deps: NodeDeps) -> Result<(Arc<Broker>, BootReport), BootError> {
         let data_dir = deps.config.data_dir.clone();
-        deps.storage
-            .create_dir_all(&data_dir)
+        create_data_dir(&*deps.storage, &data_dir)
             .map_err(|source| data_dir_error(&data_dir, source))?;
         let store = match deps.raft_store {
             Some(store) => store,
@@ -158,10 +165,14 @@ impl Broker {
         };
         let segments = SegmentConfig {
             canary_ack_before_fsync: deps.canaries.ack_before_fsync,
+            canary_trust_page_cache: deps.canaries.trust_page_cache,
+            canary_cut_damage: deps.canaries.cut_damage,
             ..segment_config(&deps.config)
         };
         let data =
-            DataPlane::with_io_mode(Arc::clone(&deps.storage), &data_dir, segments, deps.io_mode);
+            DataPlane::with_io_mode(Arc::clone(&deps.storage), &data_dir, segments, deps.io_mode)
+                .with_open_segments_max(deps.config.max_open_segments as usize)
+                .with_canary_skip_dir_sync(deps.canaries.skip_dir_sync);
         let broker = Arc::new_cyclic(|me| Broker {
             me: me.clone(),
             load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
@@ -357,6 +368,16 @@ fn load_cursor_key(data_dir: &Path, entropy: &dyn Entropy) -> io::Result<CursorK
         }
         Err(error) => Err(error),
     }
+}
+
+/// Creates the data directory durably: every missing level below the nearest existing
+/// ancestor, each made durable in its parent.
+fn create_data_dir(storage: &dyn Storage, data_dir: &Path) -> io::Result<()> {
+    let mut existing = data_dir;
+    while !existing.as_os_str().is_empty() && !storage.exists(existing)? {
+        existing = existing.parent().unwrap_or(Path::new(""));
+    }
+    malachi_log::create_dir_durable(storage, existing, data_dir)
 }
 
 fn data_dir_error(path: &Path, source: io::Error) -> BootError {

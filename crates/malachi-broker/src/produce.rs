@@ -83,11 +83,7 @@ impl Broker {
         let batches = self.route(topic_id, records, slots, pending)?;
         let mut tasks = tokio::task::JoinSet::new();
         for batch in batches {
-            let segment = match self.data.get(batch.key) {
-                Ok(segment) => segment,
-                Err(DataError::Missing(key)) => self.data.create(key)?,
-                Err(error) => return Err(error.into()),
-            };
+            let segment = self.segment(batch.key).await?;
             let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
             let bytes: u64 = owned.iter().map(Record::user_bytes).sum();
             let broker = self.self_handle().expect("the broker outlives its requests");
@@ -103,7 +99,8 @@ impl Broker {
             let (batch, bytes, segment, outcome) = joined.expect("append task panicked");
             match outcome {
                 Ok(_) => {
-                    self.after_append(batch.key, batch.indexes.len() as u64, bytes);
+                    let active_bytes = segment.status().durable_bytes;
+                    self.after_append(batch.key, batch.indexes.len() as u64, bytes, active_bytes);
                     appended_any = true;
                 }
                 Err(AppendError::Sealed { .. }) => {
@@ -116,7 +113,8 @@ impl Broker {
                     fenced.extend(batch.indexes);
                 }
                 Err(error) => {
-                    if matches!(error, AppendError::Poisoned { .. }) {
+                    if let AppendError::Poisoned { cause } = error {
+                        tracing::error!(key = ?batch.key, %cause, "an append failed on storage");
                         self.repair_poisoned(batch.key, &segment);
                     }
                     failure.get_or_insert(LogError::from(DataError::Append(error)));
@@ -170,8 +168,9 @@ impl Broker {
         })
     }
 
-    /// Load accounting and the size-based roll check after a durable append.
-    fn after_append(&self, key: SegmentKey, records: u64, bytes: u64) {
+    /// Load accounting and the size-based roll check after a durable append; `active_bytes` is
+    /// the segment's size now.
+    fn after_append(&self, key: SegmentKey, records: u64, bytes: u64, active_bytes: u64) {
         let now_ms = self.clock.now_ms();
         self.load.lock().expect("load lock poisoned").record(
             key.topic_id,
@@ -180,8 +179,6 @@ impl Broker {
             bytes,
             now_ms,
         );
-        let Ok(segment) = self.data.get(key) else { return };
-        let active_bytes = segment.status().durable_bytes;
         let due = self.meta.read(|meta| {
             meta.0.roll_due(key.topic_id, key.range_id, active_bytes, now_ms, &self.roll_defaults())
         });

@@ -1,5 +1,6 @@
 //! Test helpers: topics with a given range history, built through the real metadata machine.
 
+use malachi_meta::Quota;
 use malachi_meta::{
     CreateTopic, MergeRanges, MetaCommand, MetaResponse, MetaState, SealReport, SegmentRoll,
     SplitRange, Topic,
@@ -22,6 +23,8 @@ impl TopicBuilder {
                 initial_ranges: Some(initial_ranges),
                 segment_roll: SegmentRoll::default(),
                 replicas: vec![1],
+                creator: None,
+                quota: Quota::default(),
             }))
             .expect("create topic");
         let MetaResponse::TopicCreated { topic_id, .. } = created else { panic!("{created:?}") };
@@ -43,6 +46,7 @@ impl TopicBuilder {
             seal,
             now_ms: self.now_ms,
             child_replicas: [vec![1], vec![1]],
+            quota: Quota::default(),
         });
         match self.state.apply(command).expect("split") {
             MetaResponse::RangeSplit { children, .. } => children,

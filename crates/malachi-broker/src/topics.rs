@@ -15,6 +15,7 @@ use malachi_meta::{
 use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::node::Broker;
+use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
 
 /// A topic as `describe` shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,10 +49,12 @@ impl Broker {
         self.meta.propose(command).await?.map_err(map_meta_error)
     }
 
+    /// Creates a topic; `creator` names a non-administrator, counted by the per-user quota.
     pub async fn create_topic(
         &self,
         name: &str,
         initial_ranges: Option<u32>,
+        creator: Option<&str>,
     ) -> Result<u64, LogError> {
         let command = MetaCommand::CreateTopic(CreateTopic {
             name: name.to_string(),
@@ -59,14 +62,18 @@ impl Broker {
             initial_ranges,
             segment_roll: SegmentRoll::default(),
             replicas: vec![self.node_id],
+            creator: creator.map(str::to_string),
+            quota: self.config.quota(),
         });
         let MetaResponse::TopicCreated { topic_id, ranges } = self.propose_meta(command).await?
         else {
             unreachable!("create_topic answers TopicCreated");
         };
-        for (range_id, segment_id) in ranges {
-            self.data.create(SegmentKey { topic_id, range_id, segment_id })?;
-        }
+        let keys: Vec<SegmentKey> = ranges
+            .into_iter()
+            .map(|(range_id, segment_id)| SegmentKey { topic_id, range_id, segment_id })
+            .collect();
+        self.create_segments(&keys).await?;
         Ok(topic_id)
     }
 
@@ -82,54 +89,52 @@ impl Broker {
         self.reclaim().await
     }
 
-    /// Deletes the files of segments metadata no longer lists, then acknowledges them.
+    /// Deletes the files of segments metadata no longer lists, then acknowledges them, a
+    /// bounded chunk per command, until none is pending. Runs after every delete and on every
+    /// retention pass, so a delete interrupted by a crash finishes after the restart.
     pub(crate) async fn reclaim(&self) -> Result<(), LogError> {
-        let pending: Vec<(u64, SegmentKey)> = self.meta.read(|meta| {
-            meta.0
-                .pending_reclaim()
-                .iter()
-                .map(|(&segment_id, entry)| {
-                    (
+        loop {
+            let pending: Vec<SegmentKey> = self.meta.read(|meta| {
+                meta.0
+                    .pending_reclaim()
+                    .iter()
+                    .take(SEGMENT_IDS_PER_COMMAND_MAX)
+                    .map(|(&segment_id, entry)| SegmentKey {
+                        topic_id: entry.topic_id,
+                        range_id: entry.range_id,
                         segment_id,
-                        SegmentKey {
-                            topic_id: entry.topic_id,
-                            range_id: entry.range_id,
-                            segment_id,
-                        },
-                    )
-                })
-                .collect()
-        });
-        if pending.is_empty() {
-            return Ok(());
+                    })
+                    .collect()
+            });
+            if pending.is_empty() {
+                return Ok(());
+            }
+            for key in &pending {
+                self.data.remove(*key).await?;
+            }
+            let segment_ids = pending.iter().map(|key| key.segment_id).collect();
+            self.propose_meta(MetaCommand::ReclaimDone { segment_ids }).await?;
         }
-        for (_, key) in &pending {
-            self.data.remove(*key)?;
-        }
-        let segment_ids = pending.into_iter().map(|(segment_id, _)| segment_id).collect();
-        self.propose_meta(MetaCommand::ReclaimDone { segment_ids }).await?;
-        Ok(())
     }
 
-    pub fn describe_topic(&self, name: &str) -> Result<TopicInfo, LogError> {
-        self.meta.read(|meta| {
+    /// A topic's ranges with their record counts. An active segment that cannot be opened
+    /// (damaged) counts as empty here; reads of it answer the damage.
+    pub async fn describe_topic(&self, name: &str) -> Result<TopicInfo, LogError> {
+        let (mut info, heads) = self.meta.read(|meta| {
             let topic = meta.0.topic_by_name(name).ok_or(LogError::NoSuchTopic)?;
+            let mut heads = Vec::new();
             let ranges = topic
                 .ranges
                 .values()
                 .map(|range| {
                     let segments = meta.0.range_segments(topic.topic_id, range.range_id);
-                    let records = segments
-                        .iter()
-                        .map(|segment| match segment.sealed_length() {
-                            Some((end_offset, _)) => end_offset,
-                            None => self.active_durable_end(
-                                topic.topic_id,
-                                range.range_id,
-                                segment.segment_id,
-                            ),
-                        })
-                        .sum();
+                    let mut records = 0;
+                    for segment in &segments {
+                        match segment.sealed_length() {
+                            Some((end_offset, _)) => records += end_offset,
+                            None => heads.push((range.range_id, segment.segment_id)),
+                        }
+                    }
                     RangeInfo {
                         range_id: range.range_id,
                         start: range.extent.start,
@@ -143,39 +148,34 @@ impl Broker {
                     }
                 })
                 .collect();
-            Ok(TopicInfo {
+            let info = TopicInfo {
                 name: topic.name.clone(),
                 topic_id: topic.topic_id,
                 created_ms: topic.created_ms,
                 policy: topic.policy.clone(),
                 ranges,
-            })
-        })
+            };
+            Ok::<_, LogError>((info, heads))
+        })?;
+        for (range_id, segment_id) in heads {
+            let key = SegmentKey { topic_id: info.topic_id, range_id, segment_id };
+            let records = self.active_durable_end(key).await.unwrap_or(0);
+            if let Some(range) = info.ranges.iter_mut().find(|range| range.range_id == range_id) {
+                range.records += records;
+            }
+        }
+        Ok(info)
     }
 
     pub fn list_topics(&self) -> Vec<String> {
         self.meta.read(|meta| meta.0.topics().map(|topic| topic.name.clone()).collect())
     }
 
-    /// Records durable in an active segment (0 if its file cannot be opened).
-    pub(crate) fn active_durable_end(&self, topic_id: u64, range_id: u32, segment_id: u64) -> u64 {
-        self.data
-            .get(SegmentKey { topic_id, range_id, segment_id })
-            .map(|segment| segment.durable_offset())
-            .unwrap_or(0)
-    }
-
     /// Seals a range's write head in the data plane and returns the report metadata records.
     async fn fence(&self, topic_id: u64, range_id: u32) -> Result<SealReport, LogError> {
-        let segment_id = self
-            .meta
-            .read(|meta| {
-                let topic = meta.0.topic(topic_id)?;
-                topic.ranges.get(&range_id)?.active_segment_id()
-            })
-            .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))?;
+        let segment_id = self.head_segment(topic_id, range_id)?;
         let key = SegmentKey { topic_id, range_id, segment_id };
-        let segment = self.data.get(key)?;
+        let segment = self.segment(key).await?;
         let info = self.data.seal(std::sync::Arc::clone(&segment)).await.map_err(|error| {
             // A failed seal poisons the head: forget the handle so the next use reopens the
             // file cut back to what is durable, and the fence can be tried again.
@@ -188,14 +188,30 @@ impl Broker {
         Ok(SealReport { segment_id, end_offset: info.end_offset, data_bytes: info.data_bytes })
     }
 
+    /// The active segment of a range: `no_such_range` for a range the topic never had,
+    /// `range_sealed` for one that split or merged.
+    fn head_segment(&self, topic_id: u64, range_id: u32) -> Result<u64, LogError> {
+        self.meta.read(|meta| {
+            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+            let range = topic
+                .ranges
+                .get(&range_id)
+                .ok_or(LogError::Meta(MetaError::Range(RangeError::NoSuchRange { range_id })))?;
+            range
+                .active_segment_id()
+                .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))
+        })
+    }
+
     /// The skip-split-fence canary's "seal": the head's durable end now, with the head left
     /// open for the appends already routed to it.
-    fn canary_unfenced_end(&self, topic_id: u64, range_id: u32) -> Result<SealReport, LogError> {
-        let segment_id = self
-            .meta
-            .read(|meta| meta.0.topic(topic_id)?.ranges.get(&range_id)?.active_segment_id())
-            .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))?;
-        let status = self.data.get(SegmentKey { topic_id, range_id, segment_id })?.status();
+    async fn canary_unfenced_end(
+        &self,
+        topic_id: u64,
+        range_id: u32,
+    ) -> Result<SealReport, LogError> {
+        let segment_id = self.head_segment(topic_id, range_id)?;
+        let status = self.segment(SegmentKey { topic_id, range_id, segment_id }).await?.status();
         Ok(SealReport {
             segment_id,
             end_offset: status.durable_offset,
@@ -231,8 +247,7 @@ impl Broker {
         else {
             unreachable!("roll answers SegmentRolled");
         };
-        self.data.create(SegmentKey { topic_id, range_id, segment_id })?;
-        Ok(())
+        self.create_segments(&[SegmentKey { topic_id, range_id, segment_id }]).await
     }
 
     /// A produce found `segment_id` sealed while metadata still calls it the head of `range_id`:
@@ -255,7 +270,7 @@ impl Broker {
         if !still_head {
             return Ok(());
         }
-        let segment = self.data.get(SegmentKey { topic_id, range_id, segment_id })?;
+        let segment = self.segment(SegmentKey { topic_id, range_id, segment_id }).await?;
         let Some(info) = segment.status().sealed else {
             return Ok(());
         };
@@ -277,7 +292,7 @@ impl Broker {
         range_id: u32,
     ) -> Result<[u32; 2], LogError> {
         let seal = if self.canaries.skip_split_fence {
-            self.canary_unfenced_end(topic_id, range_id)?
+            self.canary_unfenced_end(topic_id, range_id).await?
         } else {
             self.fence(topic_id, range_id).await?
         };
@@ -287,12 +302,16 @@ impl Broker {
             seal: Some(seal),
             now_ms: self.clock.now_ms(),
             child_replicas: [vec![self.node_id], vec![self.node_id]],
+            quota: self.config.quota(),
         });
         match self.propose_meta(command).await {
             Ok(MetaResponse::RangeSplit { children, child_segment_ids, .. }) => {
-                for (child, segment_id) in children.into_iter().zip(child_segment_ids) {
-                    self.data.create(SegmentKey { topic_id, range_id: child, segment_id })?;
-                }
+                let keys: Vec<SegmentKey> = children
+                    .into_iter()
+                    .zip(child_segment_ids)
+                    .map(|(range_id, segment_id)| SegmentKey { topic_id, range_id, segment_id })
+                    .collect();
+                self.create_segments(&keys).await?;
                 self.mark_reshaped(topic_id);
                 Ok(children)
             }
@@ -337,7 +356,7 @@ impl Broker {
         });
         match self.propose_meta(command).await {
             Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
-                self.data.create(SegmentKey { topic_id, range_id, segment_id })?;
+                self.create_segments(&[SegmentKey { topic_id, range_id, segment_id }]).await?;
                 self.mark_reshaped(topic_id);
                 Ok(range_id)
             }
@@ -355,12 +374,15 @@ impl Broker {
         self.meta.read(|meta| {
             let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
             let extent = |range_id: u32| {
-                topic
-                    .ranges
-                    .get(&range_id)
-                    .filter(|range| range.is_active())
-                    .map(|range| range.extent)
-                    .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))
+                let range = topic.ranges.get(&range_id).ok_or(LogError::Meta(MetaError::Range(
+                    RangeError::NoSuchRange { range_id },
+                )))?;
+                if !range.is_active() {
+                    return Err(LogError::Meta(MetaError::Range(RangeError::RangeSealed {
+                        range_id,
+                    })));
+                }
+                Ok(range.extent)
             };
             let (low, high) = (extent(left)?, extent(right)?);
             if low.buddy() == Some(high) {
@@ -395,13 +417,18 @@ impl Broker {
             unresolved_policy_max_age_ms: self.config.retention_unresolved_policy_max_age_ms,
         };
         let plan: Vec<SegmentRef> = self.meta.read(|meta| meta.0.retention_plan(now_ms, &defaults));
-        if plan.is_empty() {
-            return Ok(0);
+        let mut expired_records = 0;
+        for chunk in plan.chunks(SEGMENT_IDS_PER_COMMAND_MAX) {
+            let command = MetaCommand::ExpireSegments { segments: chunk.to_vec() };
+            let MetaResponse::SegmentsExpired { expired_records: count, .. } =
+                self.propose_meta(command).await?
+            else {
+                unreachable!("expire answers SegmentsExpired");
+            };
+            expired_records += count;
         }
-        let response = self.propose_meta(MetaCommand::ExpireSegments { segments: plan }).await?;
-        let MetaResponse::SegmentsExpired { expired_records, .. } = response else {
-            unreachable!("expire answers SegmentsExpired");
-        };
+        // Also with nothing expired now: files of a topic deleted before a crash are still
+        // pending, and this is where they go.
         self.reclaim().await?;
         Ok(expired_records)
     }

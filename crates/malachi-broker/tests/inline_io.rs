@@ -33,7 +33,7 @@ async fn a_broker_runs_on_one_thread_over_the_simulated_disk() {
         write_admin_credentials: true,
     };
     let (broker, _) = Broker::open(deps).await.unwrap();
-    broker.create_topic("sim", None).await.unwrap();
+    broker.create_topic("sim", None, None).await.unwrap();
     let mut spread = Spread::default();
     let batch = |tag: &str| {
         (0..10)

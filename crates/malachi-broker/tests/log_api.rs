@@ -51,7 +51,7 @@ fn values_of(records: &[Record], key: &str) -> Vec<String> {
 async fn per_key_order_survives_splits_merges_and_restart() {
     let dir = tempfile::tempdir().unwrap();
     let broker = open(dir.path()).await;
-    broker.create_topic("orders", None).await.unwrap();
+    broker.create_topic("orders", None, None).await.unwrap();
     let keys = ["alpha", "beta", "gamma", "delta", "epsilon"];
     let mut spread = Spread::default();
     let mut sequence = 0;
@@ -75,7 +75,7 @@ async fn per_key_order_survives_splits_merges_and_restart() {
     produce_round(Arc::clone(&broker)).await;
     broker.split("orders", low).await.unwrap();
     produce_round(Arc::clone(&broker)).await;
-    let info = broker.describe_topic("orders").unwrap();
+    let info = broker.describe_topic("orders").await.unwrap();
     let active: Vec<u32> =
         info.ranges.iter().filter(|range| range.active).map(|range| range.range_id).collect();
     assert_eq!(active.len(), 3);
@@ -107,7 +107,13 @@ async fn per_key_order_survives_splits_merges_and_restart() {
     let (after_restart, _) = drain(&broker, "orders", Some(early_cursor)).await;
     assert_eq!(after_restart.len(), 61, "cursors survive a restart");
     assert!(
-        broker.describe_topic("orders").unwrap().ranges.iter().any(|range| range.range_id == high)
+        broker
+            .describe_topic("orders")
+            .await
+            .unwrap()
+            .ranges
+            .iter()
+            .any(|range| range.range_id == high)
     );
 }
 
@@ -115,7 +121,7 @@ async fn per_key_order_survives_splits_merges_and_restart() {
 async fn groups_commit_and_resume() {
     let dir = tempfile::tempdir().unwrap();
     let broker = open(dir.path()).await;
-    broker.create_topic("jobs", Some(2)).await.unwrap();
+    broker.create_topic("jobs", Some(2), None).await.unwrap();
     let records: Vec<Record> =
         (0..10).map(|at| record(&format!("k{at}"), format!("{at}"))).collect();
     broker.produce("jobs", records, &mut Spread::default()).await.unwrap();
@@ -123,8 +129,14 @@ async fn groups_commit_and_resume() {
         .fetch(&FetchArgs { topic: "jobs", group: Some("workers"), max: 3, ..Default::default() })
         .await
         .unwrap();
-    let per_range: Vec<u64> =
-        broker.describe_topic("jobs").unwrap().ranges.iter().map(|range| range.records).collect();
+    let per_range: Vec<u64> = broker
+        .describe_topic("jobs")
+        .await
+        .unwrap()
+        .ranges
+        .iter()
+        .map(|range| range.records)
+        .collect();
     assert_eq!(per_range.len(), 2);
     let expected: u64 = per_range.iter().map(|&records| records.min(3)).sum();
     assert_eq!(first.records.len() as u64, expected, "max applies per range: {per_range:?}");
@@ -143,7 +155,7 @@ async fn groups_commit_and_resume() {
 async fn long_poll_wakes_on_produce_and_deleted_topics_come_back_new() {
     let dir = tempfile::tempdir().unwrap();
     let broker = open(dir.path()).await;
-    broker.create_topic("events", None).await.unwrap();
+    broker.create_topic("events", None, None).await.unwrap();
     let (_, cursor) = drain(&broker, "events", None).await;
     let waiter = {
         let broker = Arc::clone(&broker);
@@ -175,7 +187,7 @@ async fn long_poll_wakes_on_produce_and_deleted_topics_come_back_new() {
             .reason(),
         "no_such_topic"
     );
-    broker.create_topic("events", None).await.unwrap();
+    broker.create_topic("events", None, None).await.unwrap();
     let stale = broker
         .fetch(&FetchArgs {
             topic: "events",

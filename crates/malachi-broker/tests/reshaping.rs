@@ -43,7 +43,7 @@ async fn read_all(
 async fn per_key_order_holds_while_ranges_split_and_merge_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let broker = open(dir.path(), &[("AUTO_SPLIT_ENABLED", "false")]).await;
-    broker.create_topic("t", None).await.unwrap();
+    broker.create_topic("t", None, None).await.unwrap();
     let producers = 4;
     let per_producer = 150;
     let mut tasks = Vec::new();
@@ -67,7 +67,7 @@ async fn per_key_order_holds_while_ranges_split_and_merge_under_load() {
         let broker = Arc::clone(&broker);
         tokio::spawn(async move {
             for _ in 0..3 {
-                let info = broker.describe_topic("t").unwrap();
+                let info = broker.describe_topic("t").await.unwrap();
                 let widest = info
                     .ranges
                     .iter()
@@ -112,19 +112,20 @@ async fn load_splits_a_hot_range_and_merges_cold_buddies() {
         ("AUTO_SPLIT_WINDOW_MS", "1000"),
     ];
     let broker = open(dir.path(), &settings).await;
-    broker.create_topic("hot", None).await.unwrap();
+    broker.create_topic("hot", None, None).await.unwrap();
     let records: Vec<Record> =
         (0..2000).map(|at| Record::keyed(format!("k{at}"), Bytes::from_static(b"v"), 0)).collect();
     broker.produce("hot", records, &mut Spread::default()).await.unwrap();
     broker.reshape_by_load().await;
-    let active = |broker: &Broker| {
-        broker.describe_topic("hot").unwrap().ranges.iter().filter(|range| range.active).count()
-    };
-    assert_eq!(active(&broker), 2, "2000 records in a 1 s window is over 100/s: split");
+    async fn active(broker: &Broker) -> usize {
+        let info = broker.describe_topic("hot").await.unwrap();
+        info.ranges.iter().filter(|range| range.active).count()
+    }
+    assert_eq!(active(&broker).await, 2, "2000 records in a 1 s window is over 100/s: split");
     // With no traffic for a whole window both halves are cold buddies: merge.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     broker.reshape_by_load().await;
-    assert_eq!(active(&broker), 1, "cold buddies merge back");
+    assert_eq!(active(&broker).await, 1, "cold buddies merge back");
     let (read, _, _) = read_all(&broker, "hot", None).await;
     assert_eq!(read.len(), 2000);
 }
@@ -138,7 +139,7 @@ async fn retention_deletes_sealed_segments_and_readers_learn_what_they_skipped()
         ("AUTO_SPLIT_ENABLED", "false"),
     ];
     let broker = open(dir.path(), &settings).await;
-    broker.create_topic("logs", None).await.unwrap();
+    broker.create_topic("logs", None, None).await.unwrap();
     let (_, _, start_cursor) = read_all(&broker, "logs", None).await;
     for batch in 0..20 {
         let records: Vec<Record> = (0..10)
@@ -150,7 +151,7 @@ async fn retention_deletes_sealed_segments_and_readers_learn_what_they_skipped()
         // Let the size-triggered roll run before the next batch.
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let info = broker.describe_topic("logs").unwrap();
+    let info = broker.describe_topic("logs").await.unwrap();
     assert!(info.ranges[0].segments > 3, "segments rolled by size: {info:?}");
     let expired = broker.run_retention().await.unwrap();
     assert!(expired > 0, "over 8 KiB per range: the oldest sealed segments go");
@@ -174,7 +175,7 @@ async fn pages_fit_the_frame_and_lose_nothing_across_segments() {
         ("AUTO_SPLIT_ENABLED", "false"),
     ];
     let broker = open(dir.path(), &settings).await;
-    broker.create_topic("big", Some(2)).await.unwrap();
+    broker.create_topic("big", Some(2), None).await.unwrap();
     for at in 0..30 {
         let record = Record::keyed(
             format!("k{}", at % 4),
@@ -184,7 +185,7 @@ async fn pages_fit_the_frame_and_lose_nothing_across_segments() {
         broker.produce("big", vec![record], &mut Spread::default()).await.unwrap();
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let info = broker.describe_topic("big").unwrap();
+    let info = broker.describe_topic("big").await.unwrap();
     assert!(info.ranges.iter().any(|range| range.segments > 2), "segments rolled: {info:?}");
     let stored: u64 = info.ranges.iter().map(|range| range.records).sum();
     assert_eq!(stored, 30, "{info:#?}");

@@ -16,6 +16,21 @@ impl StorageFileBackend {
     pub fn new(file: Box<dyn StorageFile>) -> StorageFileBackend {
         StorageFileBackend { file }
     }
+
+    /// A backend over a store file that this process did not write last (a restart): see
+    /// [`distrust_page_cache`].
+    pub fn after_restart(file: Box<dyn StorageFile>) -> io::Result<StorageFileBackend> {
+        distrust_page_cache(file.as_ref())?;
+        Ok(StorageFileBackend { file })
+    }
+}
+
+/// Makes a store file read as the disk holds it: what the page cache holds dirty is synced, and
+/// clean cached pages are dropped, because after a failed `fdatasync` (the node then stopped)
+/// the kernel keeps pages it marked clean without writing them, and redb would trust them.
+pub fn distrust_page_cache(file: &dyn StorageFile) -> io::Result<()> {
+    file.sync_data()?;
+    file.drop_clean_cache()
 }
 
 impl redb::StorageBackend for StorageFileBackend {

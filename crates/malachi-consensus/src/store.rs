@@ -158,6 +158,17 @@ impl GroupStore {
     /// Opens the store at `path`, creating the file and the tables if they do not exist.
     pub fn open(path: impl AsRef<Path>) -> Result<GroupStore, StoreError> {
         let path = path.as_ref();
+        let existing = malachi_log::Storage::open(
+            &malachi_log::RealStorage,
+            path,
+            malachi_log::OpenMode::Existing,
+        );
+        match existing {
+            Ok(file) => crate::backend::distrust_page_cache(file.as_ref())
+                .map_err(|error| StoreError::Open(format!("{}: {error}", path.display())))?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(StoreError::Open(format!("{}: {error}", path.display()))),
+        }
         let database = Database::create(path)
             .map_err(|error| StoreError::Open(format!("{}: {error}", path.display())))?;
         Self::from_database(database)

@@ -80,4 +80,7 @@ pub enum OpenError {
     WrongSegment { expected: u64, found: u64 },
     #[error("opening segment: {0}")]
     Io(#[from] io::Error),
+    /// A cleanly closed segment no longer looks as it did when it closed.
+    #[error("segment file changed since it was closed")]
+    Changed,
 }

@@ -32,9 +32,13 @@ pub const SEAL_TRAILER_BYTES: u64 = (FRAME_HEADER_BYTES + SEAL_PAYLOAD_BYTES) as
 /// every configurable limit so that a limit change never makes old files unreadable.
 pub const FRAME_PAYLOAD_BYTES_MAX: u32 = 64 * 1024 * 1024;
 
-pub const FLAG_TOMBSTONE: u8 = 0b01;
-pub const FLAG_HAS_KEY: u8 = 0b10;
-const FLAGS_KNOWN: u8 = FLAG_TOMBSTONE | FLAG_HAS_KEY;
+pub const FLAG_TOMBSTONE: u8 = 0b001;
+pub const FLAG_HAS_KEY: u8 = 0b010;
+/// The first record of one group-commit write. Recovery uses it to tell a torn tail from damage:
+/// a write starts only after the previous one was synced, so a valid frame carrying this flag
+/// after a bad one proves the bad one was durable, hence damaged rather than torn.
+pub const FLAG_BATCH_START: u8 = 0b100;
+const FLAGS_KNOWN: u8 = FLAG_TOMBSTONE | FLAG_HAS_KEY | FLAG_BATCH_START;
 
 /// Why a frame did not decode. `Incomplete` at the end of a file is a torn write; anywhere else,
 /// like every other variant, it is damage.
@@ -127,9 +131,10 @@ pub fn frame_bytes(record: &Record) -> u64 {
     (FRAME_HEADER_BYTES + RECORD_FIXED_BYTES + key + record.value.len() + headers) as u64
 }
 
-/// Appends the frame of `record` at `offset` to `out`. The caller has checked the limits, which
-/// keep every length within `u32` and the payload within `FRAME_PAYLOAD_BYTES_MAX`.
-pub fn encode_record(out: &mut Vec<u8>, offset: u64, record: &Record) {
+/// Appends the frame of `record` at `offset` to `out`; `batch_start` marks the first record of a
+/// group-commit write. The caller has checked the limits, which keep every length within `u32`
+/// and the payload within `FRAME_PAYLOAD_BYTES_MAX`.
+pub fn encode_record(out: &mut Vec<u8>, offset: u64, record: &Record, batch_start: bool) {
     let frame_start = out.len();
     let payload_len = frame_bytes(record) as usize - FRAME_HEADER_BYTES;
     assert!(payload_len <= FRAME_PAYLOAD_BYTES_MAX as usize, "limits admitted an oversize record");
@@ -142,6 +147,9 @@ pub fn encode_record(out: &mut Vec<u8>, offset: u64, record: &Record) {
     }
     if record.key.is_some() {
         flags |= FLAG_HAS_KEY;
+    }
+    if batch_start {
+        flags |= FLAG_BATCH_START;
     }
     let key: &[u8] = record.key.as_deref().unwrap_or(&[]);
     out.extend_from_slice(&offset.to_le_bytes());
@@ -188,7 +196,7 @@ impl SealTrailer {
 /// What a checked frame turned out to be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FrameKind {
-    Record { offset: u64 },
+    Record { offset: u64, batch_start: bool },
     Seal(SealTrailer),
 }
 
@@ -238,7 +246,10 @@ pub fn check_frame(bytes: &[u8]) -> Result<CheckedFrame, FrameError> {
         })
     } else {
         check_record_layout(payload)?;
-        FrameKind::Record { offset: u64::from_le_bytes(payload[0..8].try_into().expect("eight")) }
+        FrameKind::Record {
+            offset: u64::from_le_bytes(payload[0..8].try_into().expect("eight")),
+            batch_start: payload[16] & FLAG_BATCH_START != 0,
+        }
     };
     Ok(CheckedFrame { kind, frame_bytes: total as u64 })
 }
@@ -246,7 +257,7 @@ pub fn check_frame(bytes: &[u8]) -> Result<CheckedFrame, FrameError> {
 /// Decodes the record frame at `chunk[at..]`. The record's byte fields are slices of `chunk`.
 pub fn decode_record(chunk: &Bytes, at: usize) -> Result<(StoredRecord, u64), FrameError> {
     let checked = check_frame(&chunk[at..])?;
-    let FrameKind::Record { offset } = checked.kind else {
+    let FrameKind::Record { offset, .. } = checked.kind else {
         return Err(FrameError::MisplacedSeal);
     };
     let mut payload = chunk.slice(at + FRAME_HEADER_BYTES..at + checked.frame_bytes as usize);

@@ -20,7 +20,10 @@ pub use error::{AppendError, OpenError, PoisonCause, ReadError, SealError};
 pub use limits::{LimitError, Limits};
 pub use record::{Record, StoredRecord};
 pub use segment::{
-    AppendTicket, BadFrame, GroupCommitConfig, ReadBatch, RecoveryReport, SealInfo, Segment,
-    SegmentConfig, SegmentStatus, VerifyReport, is_unborn, segment_paths, verify_segment,
+    AppendTicket, BadFrame, CleanClose, Damage, GroupCommitConfig, ReadBatch, RecoveryReport,
+    SealInfo, Segment, SegmentConfig, SegmentStatus, VerifyReport, is_unborn, segment_paths,
+    verify_segment,
 };
-pub use storage::{OpenMode, RealStorage, SimFaults, SimStorage, Storage, StorageFile};
+pub use storage::{
+    OpenMode, RealStorage, SimFaults, SimStorage, Storage, StorageFile, create_dir_durable,
+};

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::Quota;
 use crate::model::{GroupPosition, SealReport, SegmentRef, SegmentRoll};
 use crate::policy::PolicyField;
 
@@ -52,6 +53,13 @@ pub enum MetaCommand {
     ReclaimDone {
         segment_ids: Vec<u64>,
     },
+    /// Node `node_id` created (durably) its files of these segments: from now on a missing file
+    /// there is damage, not a create that never happened. Ids that are gone, or whose replicas
+    /// do not include the node, are ignored.
+    SegmentFilesCreated {
+        node_id: u64,
+        segment_ids: Vec<u64>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +71,12 @@ pub struct CreateTopic {
     pub segment_roll: SegmentRoll,
     /// Replicas of every initial range's first segment; the first is the primary.
     pub replicas: Vec<u64>,
+    /// The principal creating it, counted by `quota.max_topics_per_creator`; `None` for an
+    /// administrator (exempt).
+    #[serde(default)]
+    pub creator: Option<String>,
+    #[serde(default)]
+    pub quota: Quota,
 }
 
 /// Split a range at its midpoint behind the seal-first fence.
@@ -75,6 +89,8 @@ pub struct SplitRange {
     pub now_ms: u64,
     /// Replicas of the low child's and the high child's first segments.
     pub child_replicas: [Vec<u64>; 2],
+    #[serde(default)]
+    pub quota: Quota,
 }
 
 /// Merge two active buddies into the block that holds both, behind the seal-first fence.
@@ -163,5 +179,8 @@ pub enum MetaResponse {
     },
     ReclaimAcknowledged {
         removed: u64,
+    },
+    SegmentFilesRecorded {
+        recorded: u64,
     },
 }

@@ -50,6 +50,12 @@ pub enum TopicError {
     /// Ours.
     #[error("the machine already holds {limit} topics")]
     TooManyTopics { limit: u32 },
+    /// Ours: `MALACHI_MAX_TOPICS_PER_USER`.
+    #[error("{creator} already created {limit} topics")]
+    TooManyTopicsForCreator { creator: String, limit: u32 },
+    /// Ours: `MALACHI_MAX_ACTIVE_RANGES` over all topics.
+    #[error("the cluster already holds {limit} active ranges")]
+    TooManyRanges { limit: u32 },
     /// Ours: empty, duplicated or too many replica node ids.
     #[error("invalid replica list: {detail}")]
     InvalidReplicas { detail: String },
@@ -63,7 +69,10 @@ impl TopicError {
             TopicError::NoSuchTopic => "no_such_topic",
             TopicError::InvalidRangeCount { .. } => "invalid_range_count",
             TopicError::InvalidSegmentRoll { .. } => "invalid_segment_roll",
-            TopicError::TooManyTopics { .. } => "too_many_topics",
+            TopicError::TooManyTopics { .. } | TopicError::TooManyTopicsForCreator { .. } => {
+                "too_many_topics"
+            }
+            TopicError::TooManyRanges { .. } => "too_many_ranges",
             TopicError::InvalidReplicas { .. } => "invalid_replicas",
         };
         reason.to_string()
@@ -105,6 +114,9 @@ pub enum RangeError {
     NotBuddies { first: u32, second: u32 },
     #[error("the topic already has {limit} active ranges")]
     TooManyActiveRanges { limit: u32 },
+    /// Ours: `MALACHI_MAX_ACTIVE_RANGES` over all topics.
+    #[error("the cluster already holds {limit} active ranges")]
+    TooManyRangesInAll { limit: u32 },
     #[error("the topic already created {limit} ranges")]
     RangeHistoryFull { limit: u32 },
     #[error("range {range_id} already retains {limit} segments")]
@@ -124,7 +136,9 @@ impl RangeError {
             RangeError::SealConflict { .. } => "seal_conflict",
             RangeError::RangeTooSmall { .. } => "range_too_small",
             RangeError::NotBuddies { .. } => "not_buddies",
-            RangeError::TooManyActiveRanges { .. } => "too_many_ranges",
+            RangeError::TooManyActiveRanges { .. } | RangeError::TooManyRangesInAll { .. } => {
+                "too_many_ranges"
+            }
             RangeError::RangeHistoryFull { .. } => "range_history_full",
             RangeError::TooManySegments { .. } => "too_many_segments",
             RangeError::InvalidReplicas { .. } => "invalid_replicas",

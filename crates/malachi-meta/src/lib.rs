@@ -40,7 +40,7 @@ pub use error::TopicError;
 pub use error::{AdminError, GroupError, MetaError, PolicyError, RangeError, RetentionError};
 pub use invariants::InvariantViolation;
 pub use keyspace::{Extent, key_point};
-pub use limits::{MAX_INITIAL_RANGES, MetaLimits};
+pub use limits::{MAX_INITIAL_RANGES, MetaLimits, Quota};
 pub use model::{
     ConsumerGroup, GroupPosition, Position, Range, RangeState, ReclaimEntry, SealReport, Segment,
     SegmentRef, SegmentRoll, SegmentRollDefaults, SegmentState, Topic,

@@ -29,6 +29,20 @@ pub struct MetaLimits {
     pub max_items_per_command: u32,
 }
 
+/// Node-wide resource bounds from the proposer's configuration (`MALACHI_MAX_TOPICS`,
+/// `MALACHI_MAX_ACTIVE_RANGES`, `MALACHI_MAX_TOPICS_PER_USER`). They travel inside the commands
+/// that grow the metadata, so every replica applies the same check to the same command; `None`
+/// means no bound beyond [`MetaLimits`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    /// Live topics in the machine.
+    pub max_topics: Option<u32>,
+    /// Active ranges over all topics: each holds an open write head on some broker.
+    pub max_active_ranges: Option<u32>,
+    /// Live topics one principal created; `creator: None` commands are exempt (admins).
+    pub max_topics_per_creator: Option<u32>,
+}
+
 impl Default for MetaLimits {
     fn default() -> MetaLimits {
         MetaLimits {

@@ -39,6 +39,9 @@ pub struct Topic {
     pub segment_roll: SegmentRoll,
     /// The storage policy name this topic is bound to; it may name no definition (unresolved).
     pub policy: Option<String>,
+    /// The principal that created the topic (`None`: an administrator), for per-user quotas.
+    #[serde(default)]
+    pub created_by: Option<String>,
     /// Next `range_id` to hand out; range ids are never reused within a topic.
     pub next_range_id: u32,
     /// Every range the topic ever had, active and sealed: readers need sealed ancestors to
@@ -130,6 +133,11 @@ pub struct Segment {
     pub created_ms: u64,
     /// Node ids; the first is the primary.
     pub replicas: Vec<u64>,
+    /// Replicas that reported their file of this segment created, sorted. Until a replica has,
+    /// a missing file there may be a create that never happened (a crash between metadata and
+    /// the data plane); afterwards it is damage.
+    #[serde(default)]
+    pub created_on: Vec<u64>,
     /// Records in this range before this segment's offset 0: offsets are per segment, this
     /// numbers records across the whole range (and so across retention).
     pub range_base_records: u64,

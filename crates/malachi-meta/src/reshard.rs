@@ -59,6 +59,11 @@ impl MetaState {
         if topic.active_range_count() >= limit {
             return Err(RangeError::TooManyActiveRanges { limit }.into());
         }
+        if let Some(limit) = split.quota.max_active_ranges
+            && self.active_ranges_total() >= u64::from(limit)
+        {
+            return Err(RangeError::TooManyRangesInAll { limit }.into());
+        }
         self.check_range_history(topic, 2)?;
         for replicas in &split.child_replicas {
             if let Some(detail) = self.replica_problem(replicas) {

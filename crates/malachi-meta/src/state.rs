@@ -72,6 +72,9 @@ impl MetaState {
             }
             MetaCommand::ExpireSegments { segments } => self.expire_segments(&segments),
             MetaCommand::ReclaimDone { segment_ids } => self.reclaim_done(&segment_ids),
+            MetaCommand::SegmentFilesCreated { node_id, segment_ids } => {
+                self.segment_files_created(node_id, &segment_ids)
+            }
         };
         if result.is_ok() {
             self.version += 1;
@@ -125,6 +128,11 @@ impl MetaState {
         range.segment_ids.iter().map(|segment_id| &self.segments[segment_id]).collect()
     }
 
+    /// Active ranges over all topics.
+    pub fn active_ranges_total(&self) -> u64 {
+        self.topics.values().map(|topic| u64::from(topic.active_range_count())).sum()
+    }
+
     /// Segments the data plane still has to delete, by segment id.
     pub fn pending_reclaim(&self) -> &BTreeMap<u64, ReclaimEntry> {
         &self.pending_reclaim
@@ -162,6 +170,7 @@ impl MetaState {
             state: SegmentState::Active,
             created_ms: now_ms,
             replicas,
+            created_on: Vec::new(),
             range_base_records,
         };
         let previous = self.segments.insert(segment_id, segment);

@@ -2,6 +2,7 @@
 //! must leave the state, and so its hash, unchanged). Test-only; does no I/O.
 
 use crate::command::{CreateTopic, MetaCommand, MetaResponse, RollSegment, SplitRange};
+use crate::limits::Quota;
 use crate::model::{SealReport, SegmentRoll};
 use crate::state::MetaState;
 
@@ -15,6 +16,8 @@ pub fn create(name: &str, initial_ranges: Option<u32>) -> MetaCommand {
         initial_ranges,
         segment_roll: SegmentRoll::default(),
         replicas: vec![1],
+        creator: None,
+        quota: Quota::default(),
     })
 }
 
@@ -50,6 +53,7 @@ pub fn split(state: &MetaState, topic_id: u64, range_id: u32, end_offset: u64) -
         seal: Some(seal_of(state, topic_id, range_id, end_offset)),
         now_ms: NOW_MS + 10,
         child_replicas: [vec![1], vec![2]],
+        quota: Quota::default(),
     })
 }
 

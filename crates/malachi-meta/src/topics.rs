@@ -28,6 +28,7 @@ impl MetaState {
             created_ms: create.now_ms,
             segment_roll: create.segment_roll,
             policy: None,
+            created_by: create.creator.clone(),
             next_range_id: 0,
             ranges: BTreeMap::new(),
             active_by_start: BTreeMap::new(),
@@ -63,14 +64,30 @@ impl MetaState {
         if self.topic_ids_by_name.contains_key(&create.name) {
             return Err(TopicError::AlreadyExists);
         }
-        let limit = self.limits.max_topics;
+        let limit = create.quota.max_topics.unwrap_or(u32::MAX).min(self.limits.max_topics);
         if self.topics.len() >= limit as usize {
             return Err(TopicError::TooManyTopics { limit });
+        }
+        if let (Some(creator), Some(limit)) = (&create.creator, create.quota.max_topics_per_creator)
+        {
+            let owned =
+                self.topics.values().filter(|topic| topic.created_by.as_ref() == Some(creator));
+            if owned.count() >= limit as usize {
+                return Err(TopicError::TooManyTopicsForCreator {
+                    creator: creator.clone(),
+                    limit,
+                });
+            }
         }
         let count = create.initial_ranges.unwrap_or(1);
         let max = MAX_INITIAL_RANGES.min(self.limits.max_active_ranges_per_topic);
         if !count.is_power_of_two() || count > max {
             return Err(TopicError::InvalidRangeCount { count, max });
+        }
+        if let Some(limit) = create.quota.max_active_ranges
+            && self.active_ranges_total() + u64::from(count) > u64::from(limit)
+        {
+            return Err(TopicError::TooManyRanges { limit });
         }
         validate_segment_roll(&create.segment_roll)?;
         if let Some(detail) = self.replica_problem(&create.replicas) {
@@ -111,6 +128,30 @@ impl MetaState {
             .filter(|segment_id| self.pending_reclaim.remove(segment_id).is_some())
             .count();
         Ok(MetaResponse::ReclaimAcknowledged { removed: removed as u64 })
+    }
+
+    pub(crate) fn segment_files_created(
+        &mut self,
+        node_id: u64,
+        segment_ids: &[u64],
+    ) -> Result<MetaResponse, MetaError> {
+        let limit = self.limits.max_items_per_command;
+        if segment_ids.len() > limit as usize {
+            let count = segment_ids.len() as u64;
+            return Err(RetentionError::TooManyItems { count, limit }.into());
+        }
+        let mut recorded = 0;
+        for segment_id in segment_ids {
+            let Some(segment) = self.segments.get_mut(segment_id) else { continue };
+            if !segment.replicas.contains(&node_id) {
+                continue;
+            }
+            if let Err(at) = segment.created_on.binary_search(&node_id) {
+                segment.created_on.insert(at, node_id);
+                recorded += 1;
+            }
+        }
+        Ok(MetaResponse::SegmentFilesRecorded { recorded })
     }
 }
 

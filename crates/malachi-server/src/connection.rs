@@ -194,6 +194,12 @@ impl Connection {
         Outcome::Reply(ResponseFrame::error_text(corr, reason))
     }
 
+    /// Who a topic created on this connection counts against (`MALACHI_MAX_TOPICS_PER_USER`);
+    /// administrators are exempt.
+    pub(crate) fn topic_creator(&self) -> Option<String> {
+        (!self.session.is_admin()).then(|| self.session.username.clone())
+    }
+
     /// P(op, topic) of wire-protocol.md section 3.0.
     pub(crate) fn permitted(&self, operation: malachi_meta::Operation, topic: &str) -> bool {
         let strict = self.broker.config().acl_strict;

@@ -59,7 +59,8 @@ async fn create_topic(connection: &mut Connection, corr: u32, topic: Option<Byte
         return Connection::refuse(corr, Reason::PermissionDenied.as_str());
     }
     // The original ignores keyspace_bits and creates one range (wire-protocol.md section 7.1).
-    match connection.broker.create_topic(&topic, None).await {
+    let creator = connection.topic_creator();
+    match connection.broker.create_topic(&topic, None, creator.as_deref()).await {
         Ok(_) => Connection::reply(corr, Response::CreateTopic(Empty)),
         Err(error) => Connection::refuse(corr, error.reason()),
     }

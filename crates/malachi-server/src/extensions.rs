@@ -14,7 +14,7 @@ use crate::convert::{text, text_bytes};
 pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Request) -> Outcome {
     let outcome = match request {
         Request::ListTopics(_) => Ok(list_topics(connection)),
-        Request::DescribeTopic(request) => describe(connection, text(&request.topic)),
+        Request::DescribeTopic(request) => describe(connection, text(&request.topic)).await,
         Request::DeleteTopic(request) => {
             let topic = text(&request.topic).unwrap_or_default();
             connection
@@ -64,14 +64,14 @@ fn list_topics(connection: &Connection) -> Response {
     Response::ListTopics(ListTopicsResponse { topics })
 }
 
-fn describe(connection: &Connection, topic: Option<String>) -> Result<Response, String> {
+async fn describe(connection: &Connection, topic: Option<String>) -> Result<Response, String> {
     let topic = topic.ok_or_else(|| Reason::NoSuchTopic.as_str().to_string())?;
     if !connection.permitted(Operation::Consume, &topic)
         && !connection.permitted(Operation::Produce, &topic)
     {
         return Err(Reason::PermissionDenied.as_str().to_string());
     }
-    let info = connection.broker.describe_topic(&topic).map_err(|error| error.reason())?;
+    let info = connection.broker.describe_topic(&topic).await.map_err(|error| error.reason())?;
     let ranges = info
         .ranges
         .iter()
@@ -105,9 +105,10 @@ async fn create(
     if !connection.permitted(Operation::Produce, &topic) {
         return Err(Reason::PermissionDenied.as_str().to_string());
     }
+    let creator = connection.topic_creator();
     connection
         .broker
-        .create_topic(&topic, Some(initial_ranges))
+        .create_topic(&topic, Some(initial_ranges), creator.as_deref())
         .await
         .map(|_| Response::CreateTopicRanges(Empty))
         .map_err(|error| error.reason())

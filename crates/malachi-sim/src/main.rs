@@ -31,7 +31,8 @@ struct Args {
     /// Simulated milliseconds of each run's fault phase.
     #[arg(long, default_value_t = DEFAULT_FAULT_MS)]
     fault_ms: u64,
-    /// Switch on a deliberate bug: ack-before-fsync or skip-split-fence.
+    /// Switch on a deliberate bug: ack-before-fsync, skip-split-fence, trust-page-cache,
+    /// skip-dir-sync or cut-damage.
     #[arg(long)]
     canary: Option<String>,
     /// Print each run's swarm (its fault rates and workload).
@@ -48,7 +49,8 @@ fn main() -> ExitCode {
         None => None,
         Some((_, Some(canary))) => Some(canary),
         Some((name, None)) => {
-            eprintln!("unknown canary {name}: use ack-before-fsync or skip-split-fence");
+            let known: Vec<&str> = Canary::ALL.iter().map(|(known, _)| *known).collect();
+            eprintln!("unknown canary {name}: use one of {}", known.join(", "));
             return ExitCode::from(2);
         }
     };
@@ -96,13 +98,15 @@ fn report(outcome: &RunOutcome, canary: Option<&str>, verbose: bool) {
     let stats = &outcome.stats;
     let verdict = if outcome.passed() { "ok" } else { "FAILED" };
     println!(
-        "seed {}: {verdict} trace {:016x} ({} events, {} ms simulated, {} crashes, {} fail-stops, \
-         {} resets, {} clock jumps)",
+        "seed {}: {verdict} trace {:016x} ({} events, {} acked produces, {} ms simulated, {} \
+         crashes ({} of the process), {} fail-stops, {} resets, {} clock jumps)",
         outcome.seed,
         outcome.trace_hash,
         stats.history_events,
+        stats.acknowledged_produces,
         stats.simulated_ms,
         stats.crashes,
+        stats.process_crashes,
         stats.fail_stops,
         stats.connection_resets,
         stats.clock_jumps,

@@ -207,17 +207,20 @@ impl SimNode {
 
 fn open_raft_store(storage: &SimStorage, data_dir: &Path) -> Result<GroupStore, String> {
     let path = data_dir.join("raft.redb");
-    storage.create_dir_all(data_dir).map_err(|error| format!("data dir: {error}"))?;
-    let file = match storage.exists(&path) {
-        Ok(true) => storage.open(&path, OpenMode::Existing),
+    malachi_log::create_dir_durable(storage, Path::new("/"), data_dir)
+        .map_err(|error| format!("data dir: {error}"))?;
+    let backend = match storage.exists(&path) {
+        Ok(true) => {
+            storage.open(&path, OpenMode::Existing).and_then(StorageFileBackend::after_restart)
+        }
         Ok(false) => storage.open(&path, OpenMode::CreateNew).and_then(|file| {
             storage.sync_dir(data_dir)?;
-            Ok(file)
+            Ok(StorageFileBackend::new(file))
         }),
         Err(error) => Err(error),
     }
     .map_err(|error| format!("raft store file: {error}"))?;
-    GroupStore::open_with_backend(StorageFileBackend::new(file), WriterMode::Inline)
+    GroupStore::open_with_backend(backend, WriterMode::Inline)
         .map_err(|error| format!("raft store: {error}"))
 }
 

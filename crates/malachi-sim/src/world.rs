@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use malachi_broker::data::SegmentKey;
 use malachi_broker::node::Canaries;
-use malachi_check::{CheckReport, Drain, History, Op};
+use malachi_check::{CheckReport, Drain, EventKind, History, Op};
 use malachi_log::rng::SeededRng;
 use malachi_log::{SimFaults, SimStorage};
 use tokio::runtime::Runtime;
@@ -35,16 +35,36 @@ const NODE_ID: u64 = 1;
 pub enum Canary {
     AckBeforeFsync,
     SkipSplitFence,
+    /// Recovery trusts the page cache: no sync and no cache drop before it scans.
+    TrustPageCache,
+    /// New directories are created without syncing their parents.
+    SkipDirSync,
+    /// Recovery cuts at the first bad frame even when later writes follow it.
+    CutDamage,
 }
 
 impl Canary {
+    pub const ALL: [(&'static str, Canary); 5] = [
+        ("ack-before-fsync", Canary::AckBeforeFsync),
+        ("skip-split-fence", Canary::SkipSplitFence),
+        ("trust-page-cache", Canary::TrustPageCache),
+        ("skip-dir-sync", Canary::SkipDirSync),
+        ("cut-damage", Canary::CutDamage),
+    ];
+
     pub fn parse(name: &str) -> Option<Canary> {
-        match name {
-            "ack-before-fsync" => Some(Canary::AckBeforeFsync),
-            "skip-split-fence" => Some(Canary::SkipSplitFence),
-            _ => None,
-        }
+        Canary::ALL.iter().find(|(known, _)| *known == name).map(|(_, canary)| *canary)
     }
+}
+
+/// How the node goes down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CrashKind {
+    /// The machine loses power: unsynced writes are lost (or kept in part, or torn).
+    Power,
+    /// The process dies and the kernel keeps the page cache: unsynced writes are still read
+    /// after the restart and may vanish at a later power loss.
+    Process,
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +89,8 @@ impl RunOptions {
 pub struct RunStats {
     pub simulated_ms: u64,
     pub crashes: u64,
+    pub process_crashes: u64,
+    pub acknowledged_produces: u64,
     pub fail_stops: u64,
     pub clock_jumps: u64,
     pub connection_resets: u64,
@@ -110,6 +132,11 @@ impl RunOutcome {
 struct Swarm {
     /// Mean milliseconds between crashes of the node.
     crash_every_ms: Option<u64>,
+    /// In thousandths, how many crashes are process crashes (the rest are power losses).
+    process_crash_per_mille: u64,
+    /// A failed `fdatasync` is followed by a crash within 50 ms: the sequence where a restart
+    /// must not trust the pages the failed sync left clean.
+    crash_after_sync_failure: bool,
     down_ms_max: u64,
     disk: SimFaults,
     /// Milliseconds of a full disk, at a random time of the fault phase.
@@ -139,6 +166,8 @@ impl Swarm {
     fn draw(rng: &mut SeededRng, canary: Option<Canary>) -> Swarm {
         let mut pick = |choices: &[u64]| choices[rng.below(choices.len() as u64) as usize];
         let crash_every_ms = [None, Some(1_500), Some(4_000)][pick(&[0, 1, 2]) as usize];
+        let process_crash_per_mille = pick(&[0, 500, 1000]);
+        let crash_after_sync_failure = pick(&[0, 1]) == 1;
         let down_ms_max = pick(&[1, 200, 2_000]);
         let disk = SimFaults {
             sync_failure_per_mille: pick(&[0, 0, 1]),
@@ -168,6 +197,8 @@ impl Swarm {
             .collect();
         let mut swarm = Swarm {
             crash_every_ms,
+            process_crash_per_mille,
+            crash_after_sync_failure,
             down_ms_max,
             disk,
             enospc_ms,
@@ -197,6 +228,20 @@ impl Swarm {
                 swarm.reshape_pause_ms = 20;
                 swarm.producers = vec![(ProducerMode::Pipelined { depth: 4 }, 0); 3];
             }
+            Some(Canary::TrustPageCache) => {
+                swarm.crash_every_ms = Some(1_000);
+                swarm.process_crash_per_mille = 500;
+                swarm.disk.sync_failure_per_mille = 20;
+                swarm.crash_after_sync_failure = true;
+            }
+            Some(Canary::SkipDirSync) => {
+                swarm.crash_every_ms = Some(1_000);
+                swarm.process_crash_per_mille = 0;
+            }
+            Some(Canary::CutDamage) => {
+                swarm.damage_every_ms = Some(500);
+                swarm.crash_every_ms = None;
+            }
             None => {}
         }
         swarm
@@ -215,14 +260,20 @@ impl Swarm {
     }
 }
 
-/// A sealed segment file damaged on purpose, and its healthy bytes.
+/// A segment file damaged on purpose, and how to undo it.
 struct Damage {
-    /// A cut loses the seal trailer; a flipped bit leaves the file a sealed segment.
-    cut: bool,
+    how: DamageKind,
     key: SegmentKey,
     path: PathBuf,
-    original: Vec<u8>,
     until_ms: u64,
+}
+
+enum DamageKind {
+    /// A sealed segment cut short (its trailer lost), with its healthy bytes.
+    Cut { original: Vec<u8> },
+    /// One bit flipped, in a sealed segment or among an active one's durable records; flipping
+    /// it again repairs it.
+    Flip { position: u64, bit: u8 },
 }
 
 struct World {
@@ -237,6 +288,12 @@ struct World {
     now_ms: u64,
     clock_offset_ms: i64,
     restart_at_ms: Option<u64>,
+    /// How the node went down, so the restart keeps or drops the page cache.
+    down_kind: CrashKind,
+    /// A crash the world has scheduled (after a failed sync, after active damage).
+    crash_at_ms: Option<(u64, CrashKind)>,
+    /// Failed syncs seen so far, to notice a new one.
+    failed_syncs_seen: u64,
     enospc_window: Option<(u64, u64)>,
     damage: Option<Damage>,
     faults_on: bool,
@@ -269,6 +326,9 @@ impl World {
         let canaries = Canaries {
             ack_before_fsync: options.canary == Some(Canary::AckBeforeFsync),
             skip_split_fence: options.canary == Some(Canary::SkipSplitFence),
+            trust_page_cache: options.canary == Some(Canary::TrustPageCache),
+            skip_dir_sync: options.canary == Some(Canary::SkipDirSync),
+            cut_damage: options.canary == Some(Canary::CutDamage),
         };
         let node = SimNode::new(NODE_ID, seed, config, canaries, storage);
         let ctx = Arc::new(Ctx::new(net.clone(), NODE_ID, Arc::clone(&clock)));
@@ -288,6 +348,9 @@ impl World {
             now_ms: 0,
             clock_offset_ms: 0,
             restart_at_ms: None,
+            down_kind: CrashKind::Power,
+            crash_at_ms: None,
+            failed_syncs_seen: 0,
             enospc_window,
             damage: None,
             faults_on: false,
@@ -387,11 +450,11 @@ impl World {
         self.net.deliver(self.now_ms);
         self.node.step(TICK);
         if let Some(reason) = self.node.store_poisoned() {
-            // A node whose Raft store failed stops (fail-stop), as a real one exits; it comes
-            // back from its disk at once.
+            // A node whose Raft store failed stops (fail-stop), as a real one exits: the
+            // process dies, the kernel keeps the page cache, and it comes back at once.
             self.record(format!("fail-stop: raft store {}", reason_name(&reason)));
             self.stats.fail_stops += 1;
-            self.crash(1);
+            self.crash(1, CrashKind::Process);
         }
         self.clients.block_on(async { tokio::time::sleep(TICK).await });
     }
@@ -403,11 +466,10 @@ impl World {
             && self.node.is_up()
             && self.rng.chance(1, every)
         {
-            let down_ms = 1 + self.rng.below(self.swarm.down_ms_max);
-            self.record(format!("crash, down {down_ms} ms"));
-            self.stats.crashes += 1;
-            self.crash(down_ms);
+            let kind = self.draw_crash_kind();
+            self.crash_now(kind);
         }
+        self.strike_scheduled_crash();
         if let Some(every) = self.swarm.partition_every_ms
             && self.rng.chance(1, every)
         {
@@ -427,7 +489,11 @@ impl World {
             && self.damage.is_none()
             && self.rng.chance(1, every)
         {
-            self.damage_sealed_segment();
+            if self.rng.chance(1, 2) {
+                self.damage_sealed_segment();
+            } else {
+                self.damage_active_segment();
+            }
         }
         if self.damage.as_ref().is_some_and(|damage| self.now_ms >= damage.until_ms) {
             self.repair_damage();
@@ -472,13 +538,55 @@ impl World {
         }
     }
 
-    fn crash(&mut self, down_ms: u64) {
-        // A node restarts on a flipped bit (the sealed segment opens by its intact trailer and
-        // refuses the damaged frame). A cut is repaired first: restarting on a sealed segment
-        // without its trailer is future work (a replica would supply the segment).
-        if self.damage.as_ref().is_some_and(|damage| damage.cut) {
+    fn draw_crash_kind(&mut self) -> CrashKind {
+        if self.rng.chance(self.swarm.process_crash_per_mille, 1000) {
+            CrashKind::Process
+        } else {
+            CrashKind::Power
+        }
+    }
+
+    /// A random crash of the given kind, now.
+    fn crash_now(&mut self, kind: CrashKind) {
+        let down_ms = 1 + self.rng.below(self.swarm.down_ms_max);
+        self.record(format!("crash ({kind:?}), down {down_ms} ms"));
+        self.crash(down_ms, kind);
+    }
+
+    /// Schedules a crash after each failed sync (if the swarm says so), and strikes the
+    /// scheduled crash when its time comes.
+    fn strike_scheduled_crash(&mut self) {
+        let failed_syncs = self.node.storage.failed_sync_count();
+        if failed_syncs > self.failed_syncs_seen {
+            self.failed_syncs_seen = failed_syncs;
+            if self.swarm.crash_after_sync_failure && self.crash_at_ms.is_none() {
+                let at_ms = self.now_ms + self.rng.below(50);
+                self.crash_at_ms = Some((at_ms, CrashKind::Process));
+            }
+        }
+        if let Some((at_ms, kind)) = self.crash_at_ms
+            && self.now_ms >= at_ms
+        {
+            self.crash_at_ms = None;
+            if self.node.is_up() {
+                self.crash_now(kind);
+            }
+        }
+    }
+
+    fn crash(&mut self, down_ms: u64, kind: CrashKind) {
+        // A node restarts on a flipped bit (a sealed segment opens by its intact trailer and
+        // refuses the damaged frame; an active one keeps the damage and refuses past it). A
+        // cut is repaired first: restarting on a sealed segment without its trailer is future
+        // work (a replica would supply the segment).
+        if self.damage.as_ref().is_some_and(|damage| matches!(damage.how, DamageKind::Cut { .. })) {
             self.repair_damage();
         }
+        self.stats.crashes += 1;
+        if kind == CrashKind::Process {
+            self.stats.process_crashes += 1;
+        }
+        self.down_kind = kind;
         self.node.crash(&self.net);
         *self.ctx.broker.lock().expect("broker lock poisoned") = None;
         self.restart_at_ms = Some(self.now_ms + down_ms);
@@ -486,12 +594,16 @@ impl World {
 
     fn restart(&mut self) {
         self.restart_at_ms = None;
-        self.node.storage.restart();
+        match self.down_kind {
+            CrashKind::Power => self.node.storage.restart(),
+            CrashKind::Process => self.node.storage.restart_process(),
+        }
         if let Err(error) = self.boot() {
             self.record(format!("boot failed: {}", reason_name(&error)));
             if self.faults_on {
                 // A full or failing disk may keep a node down; it tries again later.
                 self.node.storage.crash_now();
+                self.down_kind = CrashKind::Process;
                 self.restart_at_ms = Some(self.now_ms + 200);
             } else {
                 self.findings.push(format!("the node did not restart on a healthy disk: {error}"));
@@ -499,58 +611,126 @@ impl World {
         }
     }
 
-    /// Flips a bit in, or cuts, the frames of a random sealed segment of a workload topic.
-    fn damage_sealed_segment(&mut self) {
-        let Some(broker) = self.node.broker() else { return };
-        let sealed: Vec<(SegmentKey, u64)> = broker.meta_group().read(|meta| {
+    /// Segments of the workload topics, sealed or active, with their sealed data size.
+    fn workload_segments(&self) -> Vec<(SegmentKey, Option<u64>)> {
+        let Some(broker) = self.node.broker() else { return Vec::new() };
+        broker.meta_group().read(|meta| {
             let meta = &meta.0;
-            let mut sealed = Vec::new();
+            let mut segments = Vec::new();
             for name in [ORDERS, EVENTS] {
                 let Some(topic) = meta.topic_by_name(name) else { continue };
                 for &range_id in topic.ranges.keys() {
                     for segment in meta.range_segments(topic.topic_id, range_id) {
-                        if let Some((_, data_bytes)) = segment.sealed_length() {
-                            let segment_id = segment.segment_id;
-                            let key = SegmentKey { topic_id: topic.topic_id, range_id, segment_id };
-                            sealed.push((key, data_bytes));
-                        }
+                        let segment_id = segment.segment_id;
+                        let key = SegmentKey { topic_id: topic.topic_id, range_id, segment_id };
+                        segments.push((key, segment.sealed_length().map(|(_, bytes)| bytes)));
                     }
                 }
             }
-            sealed
-        });
+            segments
+        })
+    }
+
+    /// Flips a bit in, or cuts, the frames of a random sealed segment of a workload topic.
+    fn damage_sealed_segment(&mut self) {
         let header_bytes = malachi_log::format::SEGMENT_HEADER_BYTES;
-        let sealed: Vec<_> =
-            sealed.into_iter().filter(|(_, bytes)| *bytes > header_bytes).collect();
+        let sealed: Vec<(SegmentKey, u64)> = self
+            .workload_segments()
+            .into_iter()
+            .filter_map(|(key, sealed)| {
+                sealed.filter(|&bytes| bytes > header_bytes).map(|b| (key, b))
+            })
+            .collect();
         if sealed.is_empty() {
             return;
         }
         let (key, data_bytes) = sealed[self.rng.below(sealed.len() as u64) as usize];
-        let path = broker.data_plane().segment_path(key);
-        let Some(original) = self.node.storage.written_bytes(&path) else { return };
         let position = header_bytes + self.rng.below(data_bytes - header_bytes);
-        let cut = self.rng.chance(1, 2);
-        let (what, done) = if cut {
-            ("cut", self.node.storage.truncate(&path, position))
+        if self.rng.chance(1, 2) {
+            let path = self.segment_path(key);
+            let Some(original) = self.node.storage.written_bytes(&path) else { return };
+            if self.node.storage.truncate(&path, position).is_ok() {
+                self.note_damage(key, path, DamageKind::Cut { original }, "cut");
+            }
         } else {
-            let bit = self.rng.below(8) as u8;
-            ("flip", self.node.storage.flip_bit(&path, position, bit))
-        };
-        if done.is_ok() {
-            let where_ = format!("{}/{}/{}", key.topic_id, key.range_id, key.segment_id);
-            self.record(format!("damage: {what} segment {where_} at byte {position}"));
-            let until_ms = self.now_ms + self.swarm.damage_ms;
-            self.damage = Some(Damage { cut, key, path, original, until_ms });
+            self.flip(key, position, "flip");
         }
     }
 
-    /// Writes the damaged segment's healthy bytes back (unless retention deleted it meanwhile)
-    /// and makes the node open it afresh.
+    /// Flips a bit among an active segment's durable records, before the start of its last
+    /// durable write, so recovery can prove the damage is not a torn write; then crashes the
+    /// node soon, so recovery meets it. Damage inside the last write is indistinguishable from
+    /// a torn write and is not injected (docs/storage-format.md says why).
+    fn damage_active_segment(&mut self) {
+        let active: Vec<SegmentKey> = self
+            .workload_segments()
+            .into_iter()
+            .filter(|(_, sealed)| sealed.is_none())
+            .map(|(key, _)| key)
+            .collect();
+        if active.is_empty() {
+            return;
+        }
+        let key = active[self.rng.below(active.len() as u64) as usize];
+        let path = self.segment_path(key);
+        let Some(durable) = self.node.storage.durable_bytes(&path) else { return };
+        let Some(last_write) = last_write_start(&durable) else { return };
+        let header_bytes = malachi_log::format::SEGMENT_HEADER_BYTES;
+        let position = header_bytes + self.rng.below(last_write - header_bytes);
+        if self.flip(key, position, "flip active") {
+            let at_ms = self.now_ms + 10 + self.rng.below(90);
+            let kind = self.draw_crash_kind();
+            self.crash_at_ms.get_or_insert((at_ms, kind));
+        }
+    }
+
+    fn flip(&mut self, key: SegmentKey, position: u64, what: &str) -> bool {
+        let path = self.segment_path(key);
+        let bit = self.rng.below(8) as u8;
+        if self.node.storage.flip_bit(&path, position, bit).is_err() {
+            return false;
+        }
+        self.note_damage(key, path, DamageKind::Flip { position, bit }, what);
+        true
+    }
+
+    fn segment_path(&self, key: SegmentKey) -> PathBuf {
+        let dir = self.node.data_dir.join("topics");
+        let dir = dir.join(key.topic_id.to_string()).join(key.range_id.to_string());
+        malachi_log::segment_paths(&dir, key.segment_id).0
+    }
+
+    fn note_damage(&mut self, key: SegmentKey, path: PathBuf, how: DamageKind, what: &str) {
+        let position = match &how {
+            DamageKind::Cut { .. } => 0,
+            DamageKind::Flip { position, .. } => *position,
+        };
+        let where_ = format!("{}/{}/{}", key.topic_id, key.range_id, key.segment_id);
+        self.record(format!("damage: {what} segment {where_} at byte {position}"));
+        let until_ms = self.now_ms + self.swarm.damage_ms;
+        self.damage = Some(Damage { how, key, path, until_ms });
+    }
+
+    /// Undoes the damage (as re-replication from a healthy copy would), unless retention
+    /// deleted the segment meanwhile, and makes the node open it afresh if its open handle saw
+    /// the damage. A healthy active handle is left alone: the repair is visible to it, and a
+    /// second handle on a file that takes appends must never exist.
     fn repair_damage(&mut self) {
         let Some(damage) = self.damage.take() else { return };
-        let restored = self.node.storage.restore(&damage.path, &damage.original);
+        let restored = match &damage.how {
+            DamageKind::Cut { original } => self.node.storage.restore(&damage.path, original),
+            DamageKind::Flip { position, bit } => {
+                self.node.storage.flip_bit(&damage.path, *position, *bit)
+            }
+        };
         if let Some(broker) = self.node.broker() {
-            broker.data_plane().forget(damage.key);
+            let data = broker.data_plane();
+            let status = data.peek(damage.key).map(|segment| segment.status());
+            let takes_appends =
+                status.is_some_and(|status| status.sealed.is_none() && status.damage.is_none());
+            if !takes_appends {
+                data.forget(damage.key);
+            }
         }
         self.record(format!(
             "damage repaired ({})",
@@ -616,6 +796,15 @@ impl World {
             .extend(crate::panics::take().into_iter().map(|panic| format!("panic: {panic}")));
         let history = self.ctx.history.lock().expect("history lock poisoned").clone();
         self.stats.history_events = history.events().len() as u64;
+        self.stats.acknowledged_produces = history
+            .events()
+            .iter()
+            .filter(|event| event.kind == EventKind::Ok && matches!(event.op, Op::Produce(_)))
+            .count() as u64;
+        if self.stats.acknowledged_produces == 0 {
+            // A run in which nothing was acknowledged cannot lose anything: it proves nothing.
+            self.findings.push("no produce was acknowledged".to_string());
+        }
         let report = history.check();
         let notes = self.ctx.notes.lock().expect("notes lock poisoned").clone();
         let mut hasher = xxhash_rust::xxh3::Xxh3::new();
@@ -640,6 +829,24 @@ impl World {
             trace: self.trace.into_iter().chain(notes).collect(),
         }
     }
+}
+
+/// Where the last write that a valid frame shows began (a frame with the batch-start flag),
+/// scanning from the header; `None` if no write after the first one is intact.
+fn last_write_start(bytes: &[u8]) -> Option<u64> {
+    use malachi_log::format::{FrameKind, SEGMENT_HEADER_BYTES, check_frame};
+    let mut position = SEGMENT_HEADER_BYTES as usize;
+    let mut last = None;
+    while position < bytes.len() {
+        let Ok(frame) = check_frame(&bytes[position..]) else { break };
+        if let FrameKind::Record { batch_start: true, .. } = frame.kind
+            && position > SEGMENT_HEADER_BYTES as usize
+        {
+            last = Some(position as u64);
+        }
+        position += frame.frame_bytes as usize;
+    }
+    last
 }
 
 /// The first word of an error text (a reason name), so that detail text with addresses or

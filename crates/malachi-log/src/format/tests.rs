@@ -24,9 +24,9 @@ fn golden_cases() -> Vec<(&'static str, Vec<u8>)> {
         tombstone: true,
     };
     let mut keyed_frame = Vec::new();
-    encode_record(&mut keyed_frame, 0, &keyed);
+    encode_record(&mut keyed_frame, 0, &keyed, false);
     let mut tombstone_frame = Vec::new();
-    encode_record(&mut tombstone_frame, 1, &keyless_tombstone);
+    encode_record(&mut tombstone_frame, 1, &keyless_tombstone, false);
     let header = SegmentHeader { segment_id: 7, base_offset: 0 }.encode().to_vec();
     let seal = SealTrailer { record_count: 2, data_bytes: 137 }.encode().to_vec();
     vec![
@@ -146,7 +146,7 @@ proptest! {
     #[test]
     fn record_round_trips(record in arb_record(), offset in any::<u64>()) {
         let mut frame = Vec::new();
-        encode_record(&mut frame, offset, &record);
+        encode_record(&mut frame, offset, &record, false);
         prop_assert_eq!(frame.len() as u64, frame_bytes(&record));
         let (decoded, used) = decode_record(&Bytes::from(frame.clone()), 0).unwrap();
         prop_assert_eq!(used, frame.len() as u64);
@@ -156,7 +156,7 @@ proptest! {
     #[test]
     fn every_single_bit_flip_is_caught(record in arb_record()) {
         let mut frame = Vec::new();
-        encode_record(&mut frame, 3, &record);
+        encode_record(&mut frame, 3, &record, false);
         for bit in 0..frame.len() * 8 {
             let mut damaged = frame.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
@@ -167,7 +167,7 @@ proptest! {
     #[test]
     fn every_truncation_is_incomplete(record in arb_record()) {
         let mut frame = Vec::new();
-        encode_record(&mut frame, 3, &record);
+        encode_record(&mut frame, 3, &record, false);
         for len in 0..frame.len() {
             let is_incomplete = matches!(check_frame(&frame[..len]), Err(FrameError::Incomplete { .. }));
             prop_assert!(is_incomplete, "a frame cut to {} bytes", len);
@@ -190,7 +190,7 @@ proptest! {
         // Damage that recomputes the checksum (a bug, not bit rot) must still not decode into
         // fields that overrun the frame.
         let mut frame = Vec::new();
-        encode_record(&mut frame, 0, &record);
+        encode_record(&mut frame, 0, &record, false);
         let value_len_at = FRAME_HEADER_BYTES + 21;
         let value_len = u32::from_le_bytes(frame[value_len_at..value_len_at + 4].try_into().unwrap());
         frame[value_len_at..value_len_at + 4].copy_from_slice(&(value_len + cut as u32).to_le_bytes());

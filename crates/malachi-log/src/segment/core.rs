@@ -6,10 +6,13 @@
 //! or served to readers.
 
 use crate::error::{AppendError, PoisonCause};
-use crate::format;
+use crate::format::{self, FrameError};
 use crate::index::{IndexEntry, SparseIndex};
 use crate::limits::Limits;
 use crate::record::Record;
+
+/// A write buffer an idle segment may keep (small appends reuse it without allocating).
+const SPARE_BYTES_IDLE: u64 = 64 * 1024;
 
 /// Bounds on one group commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +44,28 @@ pub struct SealInfo {
     pub end_offset: u64,
     /// Bytes of header and record frames, the seal trailer excluded.
     pub data_bytes: u64,
+}
+
+/// Damage that recovery found among an unsealed segment's records: a bad frame with valid
+/// frames after it that a torn write cannot explain. The file is kept as it is; records below
+/// `offset` are served, reads at or past it fail, and the segment takes no appends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// File position of the first bad frame.
+    pub position: u64,
+    /// Offset of the first record that cannot be read.
+    pub offset: u64,
+    pub error: FrameError,
+    /// Valid record frames found after the damage.
+    pub frames_after: u64,
+}
+
+/// Where a segment closed while idle: enough to reopen it without a scan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleanClose {
+    pub durable_offset: u64,
+    pub durable_bytes: u64,
+    pub sealed: bool,
 }
 
 /// Offsets handed to one staged append: `[first_offset, end_offset)`.
@@ -88,6 +113,8 @@ pub(crate) struct Core {
     /// new appends forever.
     pub sealing_at: Option<u64>,
     pub poisoned: Option<PoisonCause>,
+    /// Set by recovery; such a segment also carries a `sealed` end and takes no appends.
+    pub damage: Option<Damage>,
     /// A flush (or a seal) owns the file's tail.
     pub flushing: bool,
     limits: Limits,
@@ -120,6 +147,7 @@ impl Core {
             sealed,
             sealing_at: None,
             poisoned: None,
+            damage: None,
             flushing: false,
             limits,
             group_commit,
@@ -173,7 +201,8 @@ impl Core {
                 self.pending_index.push(IndexEntry { offset: self.next_offset, position });
                 self.last_index_position = position;
             }
-            format::encode_record(&mut self.pending, self.next_offset, record);
+            let batch_start = self.pending.is_empty();
+            format::encode_record(&mut self.pending, self.next_offset, record, batch_start);
             self.next_offset += 1;
         }
         let staged = (self.pending.len() - start_len) as u64;
@@ -227,10 +256,23 @@ impl Core {
             }
         }
         job.buffer.clear();
-        // Keep one batch worth of capacity, not the peak of a rare giant append.
-        if job.buffer.capacity() as u64 > 2 * self.group_commit.batch_bytes_max {
-            job.buffer.shrink_to(self.group_commit.batch_bytes_max as usize);
+        // Keep a buffer for the next flush only while appends keep coming (something staged
+        // during this one): an idle segment holds no write buffer, so thousands of quiet
+        // segments cost no memory. Never more than one batch worth of capacity.
+        let keep_bytes = if self.has_pending() { self.group_commit.batch_bytes_max } else { 0 };
+        if job.buffer.capacity() as u64 > keep_bytes.max(SPARE_BYTES_IDLE) {
+            job.buffer.shrink_to(keep_bytes as usize);
         }
         self.spare = job.buffer;
+    }
+
+    /// Whether nothing is staged, flushing or broken: the segment may close and reopen from a
+    /// [`CleanClose`].
+    pub fn is_idle(&self) -> bool {
+        !self.flushing
+            && !self.has_pending()
+            && self.sealing_at.is_none_or(|_| self.sealed.is_some())
+            && self.poisoned.is_none()
+            && self.damage.is_none()
     }
 }

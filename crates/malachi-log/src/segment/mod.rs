@@ -15,11 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-pub use self::core::{AppendTicket, GroupCommitConfig, SealInfo};
+pub use self::core::{AppendTicket, CleanClose, Damage, GroupCommitConfig, SealInfo};
 pub use self::scan::BadFrame;
 
 use self::core::{Core, FlushJob};
-use self::scan::FrameReader;
+use self::scan::{AfterBadFrame, FrameReader};
 use crate::error::{AppendError, OpenError, PoisonCause, ReadError, SealError};
 use crate::format::{
     FrameError, FrameKind, SEAL_TRAILER_BYTES, SEGMENT_HEADER_BYTES, SealTrailer, SegmentHeader,
@@ -44,6 +44,12 @@ pub struct SegmentConfig {
     /// The simulator must report lost writes when this is on; if it does not, its checks are
     /// blind.
     pub canary_ack_before_fsync: bool,
+    /// Canary: recovery trusts the page cache (no sync, no cache drop before the scan), so
+    /// bytes that never reached the disk are served after a process crash or a failed sync.
+    pub canary_trust_page_cache: bool,
+    /// Canary: recovery cuts at the first bad frame even when valid frames follow it, dropping
+    /// acknowledged records behind damage.
+    pub canary_cut_damage: bool,
 }
 
 impl Default for SegmentConfig {
@@ -54,6 +60,8 @@ impl Default for SegmentConfig {
             index_interval_bytes: 4096,
             read_chunk_bytes: 256 * 1024,
             canary_ack_before_fsync: false,
+            canary_trust_page_cache: false,
+            canary_cut_damage: false,
         }
     }
 }
@@ -69,6 +77,11 @@ pub struct RecoveryReport {
     pub stopped_at: Option<(u64, FrameError)>,
     /// The index sidecar could not be used and was rebuilt from the frames.
     pub index_rebuilt: bool,
+    /// Damage kept (not cut) because valid frames follow it that a torn write cannot explain.
+    pub damage: Option<Damage>,
+    /// Valid frames inside the tail that was cut as torn. They belonged to the last write, which
+    /// may not have been synced (nothing proves it was); a non-zero count is worth a warning.
+    pub valid_frames_cut: u64,
 }
 
 /// Records read from a segment.
@@ -104,6 +117,7 @@ pub struct SegmentStatus {
     pub durable_bytes: u64,
     pub sealed: Option<SealInfo>,
     pub poisoned: Option<PoisonCause>,
+    pub damage: Option<Damage>,
 }
 
 /// File names of a segment inside its directory.
@@ -128,20 +142,28 @@ pub struct Segment {
     batch_done: [Condvar; 2],
 }
 
-/// Whether segment `segment_id`'s file is a create that never became durable: shorter than a
-/// header, or a header of zeros (a failed `fdatasync` lost the header write but kept the
-/// length). No record is ever acknowledged before the header is synced, so such a file holds
-/// nothing anyone was promised and may be created again. Any other damage is corruption.
+/// Whether segment `segment_id`'s file is a create that never became durable: no longer than a
+/// header, and either shorter than one or all zeros (a failed `fdatasync` lost the header write
+/// but kept the length). No record is acknowledged before the header is synced, and a record
+/// makes the file longer than a header, so such a file holds nothing anyone was promised and may
+/// be created again. A longer file with a bad header is damage. It reads what is on the disk
+/// (synced, cache dropped), not what the page cache shows.
 pub fn is_unborn(storage: &dyn Storage, dir: &Path, segment_id: u64) -> io::Result<bool> {
     let (data_path, _) = segment_paths(dir, segment_id);
     let file = storage.open(&data_path, OpenMode::Existing)?;
+    file.sync_data()?;
+    file.drop_clean_cache()?;
+    if file.size_bytes()? > SEGMENT_HEADER_BYTES {
+        return Ok(false);
+    }
     let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
     let read = file.read_at(&mut header, 0)?;
     Ok(read < header.len() || header.iter().all(|&byte| byte == 0))
 }
 
 impl Segment {
-    /// Creates a new, empty segment file and makes its directory entry durable.
+    /// Creates a new, empty segment file and makes its directory entry durable. `dir` must
+    /// exist, durably (see [`crate::storage::create_dir_durable`]).
     pub fn create(
         storage: Arc<dyn Storage>,
         dir: &Path,
@@ -149,7 +171,6 @@ impl Segment {
         config: SegmentConfig,
     ) -> Result<Segment, OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
-        storage.create_dir_all(dir)?;
         let file = storage.open(&data_path, OpenMode::CreateNew)?;
         let header = SegmentHeader { segment_id, base_offset: 0 };
         file.write_all_at(&[&header.encode()], 0)?;
@@ -161,8 +182,13 @@ impl Segment {
         Ok(Segment::assemble(segment_id, storage, index_path, file, config, core))
     }
 
-    /// Opens an existing segment. A sealed one is trusted up to its trailer; an unsealed one is
-    /// scanned, and its tail is cut at the first frame whose length, checksum or offset is wrong.
+    /// Opens an existing segment that this process has not seen closing cleanly: after a
+    /// restart, or after a failed write or sync. What the page cache shows is not trusted: the
+    /// file is synced (what is cached becomes durable, or the open fails), its directory entry
+    /// too, and its clean cached pages are dropped, so recovery reads what is on the disk. A
+    /// sealed segment is then trusted up to its trailer; an unsealed one is scanned and its torn
+    /// tail cut, while damage that valid frames follow is kept and reported (see
+    /// [`RecoveryReport::damage`]).
     pub fn open(
         storage: Arc<dyn Storage>,
         dir: &Path,
@@ -171,6 +197,11 @@ impl Segment {
     ) -> Result<(Segment, RecoveryReport), OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::Existing)?;
+        if !config.canary_trust_page_cache {
+            file.sync_data()?;
+            storage.sync_dir(dir)?;
+            file.drop_clean_cache()?;
+        }
         let file_len = file.size_bytes()?;
         let mut header_bytes = [0u8; SEGMENT_HEADER_BYTES as usize];
         let read = file.read_at(&mut header_bytes, 0)?;
@@ -186,6 +217,66 @@ impl Segment {
         };
         let (core, report) = recovered;
         Ok((Segment::assemble(segment_id, storage, index_path, file, config, core), report))
+    }
+
+    /// Closes an idle segment for a later [`Segment::reopen_clean`]: writes its index sidecar
+    /// and returns where it ends. `None` (and nothing closed) if anything is staged, flushing,
+    /// poisoned or damaged. The caller must drop its last handle afterwards.
+    pub fn close_clean(&self) -> Option<CleanClose> {
+        let core = self.lock();
+        if !core.is_idle() {
+            return None;
+        }
+        let clean = CleanClose {
+            durable_offset: core.durable_offset,
+            durable_bytes: core.durable_bytes,
+            sealed: core.sealed.is_some(),
+        };
+        if !clean.sealed {
+            // Derived data: if it cannot be written, the reopen rebuilds it with one scan.
+            let _ = write_index(&*self.storage, &self.index_path, &core.index.encode());
+        }
+        Some(clean)
+    }
+
+    /// Reopens a segment this process closed cleanly: nothing is synced, dropped or scanned
+    /// (the index sidecar is used when it matches), because everything below the recorded end
+    /// was durable and nothing was written after it.
+    pub fn reopen_clean(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        segment_id: u64,
+        config: SegmentConfig,
+        clean: CleanClose,
+    ) -> Result<Segment, OpenError> {
+        let (data_path, index_path) = segment_paths(dir, segment_id);
+        let file = storage.open(&data_path, OpenMode::Existing)?;
+        let file_len = file.size_bytes()?;
+        let mut header_bytes = [0u8; SEGMENT_HEADER_BYTES as usize];
+        let read = file.read_at(&mut header_bytes, 0)?;
+        let header = SegmentHeader::decode(&header_bytes[..read])?;
+        if header.segment_id != segment_id {
+            return Err(OpenError::WrongSegment { expected: segment_id, found: header.segment_id });
+        }
+        let core = if clean.sealed {
+            let trailer = sealed_trailer(file.as_ref(), file_len)?.ok_or(OpenError::Changed)?;
+            open_sealed(&*storage, file.as_ref(), &index_path, header, trailer, &config)?.0
+        } else {
+            if file_len != clean.durable_bytes {
+                return Err(OpenError::Changed);
+            }
+            let index = load_index(&*storage, file.as_ref(), &index_path, header, &config, clean)?;
+            Core::new(
+                header.base_offset,
+                clean.durable_offset,
+                clean.durable_bytes,
+                index,
+                None,
+                config.limits,
+                config.group_commit,
+            )
+        };
+        Ok(Segment::assemble(segment_id, storage, index_path, file, config, core))
     }
 
     fn assemble(
@@ -291,6 +382,7 @@ impl Segment {
             durable_bytes: core.durable_bytes,
             sealed: core.sealed,
             poisoned: core.poisoned,
+            damage: core.damage,
         }
     }
 
@@ -340,7 +432,8 @@ impl Segment {
     }
 
     /// Reads durable records from `from_offset`: at most `records_max` records and, beyond the
-    /// first record, at most `bytes_max` bytes of frames.
+    /// first record, at most `bytes_max` bytes of frames. A damaged frame ends the batch; it is
+    /// an error only when it is the first record asked for.
     pub fn read(
         &self,
         from_offset: u64,
@@ -351,6 +444,9 @@ impl Segment {
             let core = self.lock();
             if let Some(cause) = core.poisoned {
                 return Err(ReadError::Poisoned { cause });
+            }
+            if let Some(damage) = core.damage.filter(|damage| from_offset >= damage.offset) {
+                return Err(ReadError::Corrupt { position: damage.position, error: damage.error });
             }
             (
                 core.base_offset,
@@ -371,29 +467,31 @@ impl Segment {
             return Ok(batch);
         }
         let limits = ReadLimits { from_offset, records_max, bytes_max, data_end };
-        let hinted =
-            hint.map(|entry| entry.position).filter(|&position| position > SEGMENT_HEADER_BYTES);
+        let hinted = hint.is_some_and(|entry| entry.position > SEGMENT_HEADER_BYTES);
         let first_try = hint.map_or(SEGMENT_HEADER_BYTES, |entry| entry.position);
-        let outcome =
-            match self.read_from(first_try, hint.map_or(start, |entry| entry.offset), &limits)? {
-                // The index promised a frame it could not deliver: rescan from the first frame.
-                Err(_) if hinted.is_some() => {
-                    self.read_from(SEGMENT_HEADER_BYTES, start, &limits)?
-                }
-                outcome => outcome,
-            };
-        batch.records =
-            outcome.map_err(|(position, error)| ReadError::Corrupt { position, error })?;
+        let mut outcome =
+            self.read_from(first_try, hint.map_or(start, |entry| entry.offset), &limits)?;
+        if outcome.0.is_empty() && outcome.1.is_some() && hinted {
+            // The index promised a frame it could not deliver: rescan from the first frame.
+            outcome = self.read_from(SEGMENT_HEADER_BYTES, start, &limits)?;
+        }
+        let (records, bad) = outcome;
+        if let (true, Some((position, error))) = (records.is_empty(), bad) {
+            return Err(ReadError::Corrupt { position, error });
+        }
+        batch.records = records;
         batch.next_offset = from_offset + batch.records.len() as u64;
         Ok(batch)
     }
 
+    /// Reads frames from `position` (holding offset `expected`): the records wanted, and the
+    /// bad frame that stopped the read early, if one did.
     fn read_from(
         &self,
         mut position: u64,
         mut expected: u64,
         limits: &ReadLimits,
-    ) -> io::Result<Result<Vec<StoredRecord>, (u64, FrameError)>> {
+    ) -> io::Result<(Vec<StoredRecord>, Option<(u64, FrameError)>)> {
         let mut reader = FrameReader::new(
             self.file.as_ref(),
             limits.data_end,
@@ -404,13 +502,14 @@ impl Segment {
         while position < limits.data_end && records.len() < limits.records_max as usize {
             let frame = match reader.check_at(position)? {
                 Ok(frame) => frame,
-                Err(error) => return Ok(Err((position, error))),
+                Err(error) => return Ok((records, Some((position, error)))),
             };
-            let FrameKind::Record { offset } = frame.kind else {
-                return Ok(Err((position, FrameError::MisplacedSeal)));
+            let FrameKind::Record { offset, .. } = frame.kind else {
+                return Ok((records, Some((position, FrameError::MisplacedSeal))));
             };
             if offset != expected {
-                return Ok(Err((position, FrameError::OffsetMismatch { expected, found: offset })));
+                let error = FrameError::OffsetMismatch { expected, found: offset };
+                return Ok((records, Some((position, error))));
             }
             if offset >= limits.from_offset {
                 if !records.is_empty() && bytes + frame.frame_bytes > limits.bytes_max {
@@ -418,15 +517,16 @@ impl Segment {
                 }
                 let (record, _) = match reader.decode_at(position) {
                     Ok(decoded) => decoded,
-                    Err(error) => return Ok(Err((position, error))),
+                    Err(error) => return Ok((records, Some((position, error)))),
                 };
+                assert_eq!(record.offset, offset, "a checked frame decodes to its own offset");
                 records.push(record);
                 bytes += frame.frame_bytes;
             }
             expected += 1;
             position += frame.frame_bytes;
         }
-        Ok(Ok(records))
+        Ok((records, None))
     }
 
     /// Takes the pending batch, writes and syncs it without the lock, and publishes the outcome.
@@ -591,12 +691,48 @@ fn open_sealed(
         bytes_truncated: 0,
         stopped_at: None,
         index_rebuilt,
+        damage: None,
+        valid_frames_cut: 0,
     };
     Ok((core, report))
 }
 
-/// Scans an unsealed segment and cuts its tail at the first bad frame. What is cut was never
-/// acknowledged: acknowledgements follow `fdatasync`, and a synced frame reads back intact.
+/// The index of a cleanly closed unsealed segment: its sidecar if it matches the recorded end,
+/// else one scan up to that end.
+fn load_index(
+    storage: &dyn Storage,
+    file: &dyn StorageFile,
+    index_path: &Path,
+    header: SegmentHeader,
+    config: &SegmentConfig,
+    clean: CleanClose,
+) -> Result<SparseIndex, OpenError> {
+    let loaded = read_whole(storage, index_path).ok().and_then(|bytes| {
+        SparseIndex::decode(&bytes, header.base_offset, clean.durable_offset, clean.durable_bytes)
+            .ok()
+    });
+    if let Some(index) = loaded {
+        return Ok(index);
+    }
+    let outcome = scan::scan_frames(
+        file,
+        clean.durable_bytes,
+        header.base_offset,
+        config.index_interval_bytes,
+        config.read_chunk_bytes as usize,
+    )?;
+    if outcome.stop.is_some() || outcome.end_offset != clean.durable_offset {
+        return Err(OpenError::Changed);
+    }
+    Ok(outcome.index)
+}
+
+/// Scans an unsealed segment. A bad frame with nothing valid after it is a torn write (what is
+/// cut was never acknowledged: acknowledgements follow `fdatasync`, and a synced frame reads back
+/// intact). A bad frame that valid frames follow is cut only if they may all belong to the last
+/// write, which nothing proves was synced: no later write started (none of them carries the
+/// batch-start flag) and they lie within one write's size of it. Otherwise it is damage among
+/// acknowledged records: the file is kept as it is, and the segment is served read-only up to it.
 fn recover_unsealed(
     file: &dyn StorageFile,
     file_len: u64,
@@ -610,32 +746,76 @@ fn recover_unsealed(
         config.index_interval_bytes,
         config.read_chunk_bytes as usize,
     )?;
-    let bytes_truncated = file_len - outcome.valid_bytes;
-    if bytes_truncated > 0 {
-        file.set_len(outcome.valid_bytes)?;
-        file.sync_data()?;
-    }
+    let mut report = RecoveryReport {
+        records: outcome.end_offset - header.base_offset,
+        bytes_truncated: 0,
+        stopped_at: outcome.stop,
+        index_rebuilt: true,
+        damage: None,
+        valid_frames_cut: 0,
+    };
     let seal = outcome.seal.map(|trailer| SealInfo {
         end_offset: trailer.record_count,
         data_bytes: trailer.data_bytes,
     });
+    if let Some((position, error)) = outcome.stop.filter(|_| seal.is_none()) {
+        let chunk_bytes = config.read_chunk_bytes as usize;
+        let after = scan::frames_after(file, file_len, position, chunk_bytes)?;
+        if is_damage(&after, position, config) {
+            let damage = Damage {
+                position,
+                offset: outcome.end_offset,
+                error,
+                frames_after: after.valid_frames,
+            };
+            report.damage = Some(damage);
+            let mut core =
+                core_at(header, outcome.end_offset, position, outcome.index, None, config);
+            let last_offset = after.last_offset.expect("damage has valid frames after it");
+            core.sealed =
+                Some(SealInfo { end_offset: last_offset + 1, data_bytes: after.last_end });
+            core.damage = Some(damage);
+            return Ok((core, report));
+        }
+        report.valid_frames_cut = after.valid_frames;
+    }
+    report.bytes_truncated = file_len - outcome.valid_bytes;
+    if report.bytes_truncated > 0 {
+        file.set_len(outcome.valid_bytes)?;
+        file.sync_data()?;
+    }
     let data_bytes = seal.map_or(outcome.valid_bytes, |seal| seal.data_bytes);
-    let core = Core::new(
+    let core = core_at(header, outcome.end_offset, data_bytes, outcome.index, seal, config);
+    Ok((core, report))
+}
+
+/// Whether the valid frames `after` a bad frame at `position` prove it was durable (see
+/// [`recover_unsealed`]).
+fn is_damage(after: &AfterBadFrame, position: u64, config: &SegmentConfig) -> bool {
+    if after.valid_frames == 0 || config.canary_cut_damage {
+        return false;
+    }
+    let write_bytes_max = config.group_commit.batch_bytes_max.max(config.limits.append_bytes_max);
+    after.batch_start_seen || after.last_end - position > write_bytes_max
+}
+
+fn core_at(
+    header: SegmentHeader,
+    durable_offset: u64,
+    durable_bytes: u64,
+    index: SparseIndex,
+    sealed: Option<SealInfo>,
+    config: &SegmentConfig,
+) -> Core {
+    Core::new(
         header.base_offset,
-        outcome.end_offset,
-        data_bytes,
-        outcome.index,
-        seal,
+        durable_offset,
+        durable_bytes,
+        index,
+        sealed,
         config.limits,
         config.group_commit,
-    );
-    let report = RecoveryReport {
-        records: outcome.end_offset - header.base_offset,
-        bytes_truncated,
-        stopped_at: outcome.stop,
-        index_rebuilt: true,
-    };
-    Ok((core, report))
+    )
 }
 
 fn read_whole(storage: &dyn Storage, path: &Path) -> io::Result<Vec<u8>> {

@@ -112,14 +112,14 @@ pub(crate) fn scan_frames(
             }
         };
         match frame.kind {
-            FrameKind::Record { offset } if offset == expected => {
+            FrameKind::Record { offset, .. } if offset == expected => {
                 if index.wants_entry_at(position, index.last_position()) {
                     index.push(IndexEntry { offset, position });
                 }
                 expected += 1;
                 position += frame.frame_bytes;
             }
-            FrameKind::Record { offset } => {
+            FrameKind::Record { offset, .. } => {
                 stop = Some((position, FrameError::OffsetMismatch { expected, found: offset }));
                 break;
             }
@@ -169,7 +169,7 @@ pub(crate) fn verify_frames(
         match reader.check_at(position)? {
             Ok(frame) => {
                 match frame.kind {
-                    FrameKind::Record { offset } => {
+                    FrameKind::Record { offset, .. } => {
                         if let Some(expected) = expected.filter(|&expected| expected != offset) {
                             let error = FrameError::OffsetMismatch { expected, found: offset };
                             bad.push(BadFrame { position, error });
@@ -196,6 +196,46 @@ pub(crate) fn verify_frames(
         }
     }
     Ok((records, bad, seal))
+}
+
+/// What follows a bad frame: the valid record frames found by resynchronising after it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct AfterBadFrame {
+    pub valid_frames: u64,
+    /// One of them starts a group-commit write (see [`crate::format::FLAG_BATCH_START`]).
+    pub batch_start_seen: bool,
+    /// File position one past the last valid record frame.
+    pub last_end: u64,
+    /// Offset of the last valid record frame.
+    pub last_offset: Option<u64>,
+}
+
+/// Looks for valid record frames after the bad frame at `bad_position`, resynchronising over
+/// every bad stretch, without changing the file.
+pub(crate) fn frames_after(
+    file: &dyn StorageFile,
+    file_len: u64,
+    bad_position: u64,
+    chunk_bytes: usize,
+) -> io::Result<AfterBadFrame> {
+    let mut reader = FrameReader::new(file, file_len, chunk_bytes);
+    let mut after = AfterBadFrame { last_end: bad_position, ..AfterBadFrame::default() };
+    let mut position = resync(&mut reader, bad_position + 1)?;
+    while position < file_len {
+        match reader.check_at(position)? {
+            Ok(frame) => {
+                if let FrameKind::Record { offset, batch_start } = frame.kind {
+                    after.valid_frames += 1;
+                    after.batch_start_seen |= batch_start;
+                    after.last_end = position + frame.frame_bytes;
+                    after.last_offset = Some(offset);
+                }
+                position += frame.frame_bytes;
+            }
+            Err(_) => position = resync(&mut reader, position + 1)?,
+        }
+    }
+    Ok(after)
 }
 
 /// The first position at or after `from` where a whole valid frame starts, or the end.

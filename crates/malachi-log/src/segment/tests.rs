@@ -15,6 +15,17 @@ fn dir() -> PathBuf {
     PathBuf::from("/data/topic-1/range-0")
 }
 
+/// Creates a segment after making its directory exist durably, as the data plane does.
+fn create(
+    storage: Arc<dyn Storage>,
+    dir: &Path,
+    segment_id: u64,
+    config: SegmentConfig,
+) -> Result<Segment, OpenError> {
+    crate::storage::create_dir_durable(&*storage, Path::new("/"), dir)?;
+    Segment::create(storage, dir, segment_id, config)
+}
+
 fn small_config() -> SegmentConfig {
     // Tiny index interval and read chunk so short tests cross chunk and index boundaries.
     SegmentConfig { index_interval_bytes: 64, read_chunk_bytes: 100, ..SegmentConfig::default() }
@@ -39,6 +50,20 @@ fn read_all(segment: &Segment) -> Vec<StoredRecord> {
     }
 }
 
+/// Every record a reader gets before the first error.
+fn read_readable(segment: &Segment) -> Vec<StoredRecord> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while let Ok(batch) = segment.read(offset, 7, 300) {
+        if batch.records.is_empty() {
+            break;
+        }
+        offset = batch.next_offset;
+        out.extend(batch.records);
+    }
+    out
+}
+
 /// Both storages, for tests that must hold on each.
 fn storages() -> Vec<(Arc<dyn Storage>, PathBuf, Option<tempfile::TempDir>)> {
     let temp = tempfile::tempdir().unwrap();
@@ -49,7 +74,7 @@ fn storages() -> Vec<(Arc<dyn Storage>, PathBuf, Option<tempfile::TempDir>)> {
 #[test]
 fn append_read_reopen_on_both_storages() {
     for (storage, dir, _keep) in storages() {
-        let segment = Segment::create(Arc::clone(&storage), &dir, 3, small_config()).unwrap();
+        let segment = create(Arc::clone(&storage), &dir, 3, small_config()).unwrap();
         let first = segment.append(&records(5, "a")).unwrap();
         let second = segment.append(&records(4, "b")).unwrap();
         assert_eq!((first.first_offset, first.end_offset), (0, 5));
@@ -69,7 +94,7 @@ fn append_read_reopen_on_both_storages() {
 #[test]
 fn reads_start_anywhere_and_respect_bounds() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(2));
-    let segment = Segment::create(storage, &dir(), 1, small_config()).unwrap();
+    let segment = create(storage, &dir(), 1, small_config()).unwrap();
     segment.append(&records(50, "r")).unwrap();
     for from in [0u64, 1, 17, 49, 50] {
         let batch = segment.read(from, 3, u64::MAX).unwrap();
@@ -90,7 +115,7 @@ fn reads_start_anywhere_and_respect_bounds() {
 #[test]
 fn seal_is_a_fence_that_survives_reopen() {
     for (storage, dir, _keep) in storages() {
-        let segment = Segment::create(Arc::clone(&storage), &dir, 9, small_config()).unwrap();
+        let segment = create(Arc::clone(&storage), &dir, 9, small_config()).unwrap();
         segment.append(&records(6, "s")).unwrap();
         let seal = segment.seal().unwrap();
         assert_eq!(seal.end_offset, 6);
@@ -109,7 +134,7 @@ fn seal_is_a_fence_that_survives_reopen() {
 #[test]
 fn sealing_an_empty_segment_works() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(3));
-    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     assert_eq!(segment.seal().unwrap(), SealInfo { end_offset: 0, data_bytes: 32 });
     drop(segment);
     let (reopened, _) = Segment::open(storage, &dir(), 1, small_config()).unwrap();
@@ -120,7 +145,7 @@ fn sealing_an_empty_segment_works() {
 fn torn_tail_is_cut_and_reported() {
     let sim = SimStorage::new(4);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     segment.append(&records(3, "t")).unwrap();
     let intact_bytes = segment.status().durable_bytes;
     segment.append(&records(1, "torn")).unwrap();
@@ -141,7 +166,7 @@ fn torn_tail_is_cut_and_reported() {
 fn damaged_or_missing_index_never_changes_what_is_read() {
     let sim = SimStorage::new(5);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     segment.append(&records(40, "i")).unwrap();
     segment.seal().unwrap();
     let expected = read_all(&segment);
@@ -170,7 +195,7 @@ fn damaged_or_missing_index_never_changes_what_is_read() {
 fn verify_reports_every_bad_frame_and_changes_nothing() {
     let sim = SimStorage::new(6);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     let mut frame_starts = vec![SEGMENT_HEADER_BYTES];
     for batch in 0..10 {
         segment.append(&records(1, &format!("v{batch}"))).unwrap();
@@ -199,7 +224,7 @@ fn verify_reports_every_bad_frame_and_changes_nothing() {
 fn failed_sync_poisons_until_reopen() {
     let sim = SimStorage::new(7);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     segment.append(&records(2, "ok")).unwrap();
     sim.fail_next_syncs(1);
     let cause = PoisonCause::Sync(std::io::ErrorKind::Other);
@@ -222,7 +247,7 @@ fn failed_sync_poisons_until_reopen() {
 fn full_disk_is_named_and_poisons() {
     let sim = SimStorage::new(8);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
     sim.set_faults(SimFaults { capacity_bytes: Some(200), ..SimFaults::default() });
     let error = segment.append(&records(10, "big")).unwrap_err();
     assert_eq!(error, AppendError::Poisoned { cause: PoisonCause::NoSpace });
@@ -236,7 +261,7 @@ fn limits_refuse_before_writing() {
         limits: Limits { record_bytes_max: 10, ..Limits::default() },
         ..small_config()
     };
-    let segment = Segment::create(storage, &dir(), 1, config).unwrap();
+    let segment = create(storage, &dir(), 1, config).unwrap();
     let error = segment.append(&[Record::keyed("k", vec![0u8; 20], 0)]).unwrap_err();
     assert_eq!(error.reason(), "record_too_large");
     assert_eq!(segment.status().durable_bytes, SEGMENT_HEADER_BYTES);
@@ -251,7 +276,7 @@ fn concurrent_appenders_share_syncs_and_keep_their_order() {
         group_commit: GroupCommitConfig { linger_us: 2_000, ..GroupCommitConfig::default() },
         ..small_config()
     };
-    let segment = Arc::new(Segment::create(storage, &dir(), 1, config).unwrap());
+    let segment = Arc::new(create(storage, &dir(), 1, config).unwrap());
     let syncs_before = sim.sync_count();
     let threads = 8;
     let appends_per_thread = 50;
@@ -355,7 +380,7 @@ proptest! {
         let sim = SimStorage::new(seed);
         sim.set_faults(crash_faults(keep_prefix, tear));
         let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-        let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+        let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
         sim.crash_after_ops(crash_after);
         let (staged, acked, seal) = run_until_crash(&segment, &steps);
         drop(segment);
@@ -377,7 +402,7 @@ proptest! {
     #[test]
     fn any_batches_round_trip(batches in proptest::collection::vec(proptest::collection::vec(arb_record(), 1..5), 1..10)) {
         let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(0));
-        let segment = Segment::create(storage, &dir(), 1, small_config()).unwrap();
+        let segment = create(storage, &dir(), 1, small_config()).unwrap();
         let mut expected = Vec::new();
         for batch in &batches {
             segment.append(batch).unwrap();
@@ -399,7 +424,7 @@ fn the_crash_test_directory_is_the_one_segments_use() {
 #[test]
 fn a_seal_is_not_starved_by_a_stream_of_appends() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(11));
-    let segment = Arc::new(Segment::create(storage, &dir(), 1, small_config()).unwrap());
+    let segment = Arc::new(create(storage, &dir(), 1, small_config()).unwrap());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let appenders: Vec<_> = (0..4)
         .map(|thread| {
@@ -432,24 +457,192 @@ fn a_seal_is_not_starved_by_a_stream_of_appends() {
     assert_eq!(read_all(&segment).len() as u64, seal.end_offset);
 }
 
-/// A create whose header sync failed leaves a file that read back well from the page cache but
-/// holds zeros on the disk: only such a file (or one shorter than a header) counts as unborn.
+/// Only a file no longer than a header, and short or zeroed, counts as unborn; it is judged by
+/// what is on the disk, not by what the page cache shows.
 #[test]
 fn only_a_file_without_a_durable_header_is_unborn() {
+    type Damage = fn(&SimStorage, &Path);
+    let zero_all: Damage = |sim, path| {
+        let zeros = vec![0u8; sim.written_bytes(path).unwrap().len()];
+        sim.restore(path, &zeros).unwrap();
+    };
+    let cases: &[(&str, usize, Damage, bool)] = &[
+        ("a healthy segment with records", 3, |_, _| {}, false),
+        ("a healthy empty segment", 0, |_, _| {}, false),
+        ("a damaged header", 3, |sim, path| sim.flip_bit(path, 0, 0).unwrap(), false),
+        ("a zeroed header in front of records", 3, zero_all, false),
+        ("a zeroed header alone", 0, zero_all, true),
+        (
+            "shorter than a header",
+            0,
+            |sim, path| sim.truncate(path, SEGMENT_HEADER_BYTES - 1).unwrap(),
+            true,
+        ),
+    ];
+    for (name, count, damage, unborn) in cases {
+        let sim = SimStorage::new(9);
+        let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+        let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+        if *count > 0 {
+            segment.append(&records(*count, "a")).unwrap();
+        }
+        let (path, _) = segment_paths(&dir(), 1);
+        damage(&sim, &path);
+        assert_eq!(is_unborn(&*storage, &dir(), 1).unwrap(), *unborn, "{name}");
+    }
+    // The header write reached the page cache, its sync failed: the disk holds no header.
     let sim = SimStorage::new(9);
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
-    let segment = Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
-    segment.append(&records(3, "a")).unwrap();
-    assert!(!is_unborn(&*storage, &dir(), 1).unwrap(), "a healthy segment");
+    crate::storage::create_dir_durable(&*storage, Path::new("/"), &dir()).unwrap();
+    sim.fail_next_syncs(1);
+    assert!(Segment::create(Arc::clone(&storage), &dir(), 1, small_config()).is_err());
+    assert!(is_unborn(&*storage, &dir(), 1).unwrap(), "a header that never reached the disk");
+}
+
+/// Writes `count` records to the file without syncing them: what a process crash between
+/// `pwritev` and `fdatasync` leaves in the page cache.
+fn append_unsynced(storage: &Arc<dyn Storage>, count: usize) {
+    let config = SegmentConfig { canary_ack_before_fsync: true, ..small_config() };
+    let (segment, _) = Segment::open(Arc::clone(storage), &dir(), 1, config).unwrap();
+    segment.append(&records(count, "unsynced")).unwrap();
+}
+
+/// Recovery makes what it serves durable before serving it: after a process crash the page cache
+/// still shows unsynced records, and a power loss later must not take back records that readers
+/// (and cursors, and group commits) were shown.
+#[test]
+fn recovery_syncs_what_it_will_serve() {
+    for trust_page_cache in [false, true] {
+        let sim = SimStorage::new(21);
+        let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+        create(Arc::clone(&storage), &dir(), 1, small_config())
+            .unwrap()
+            .append(&records(2, "a"))
+            .unwrap();
+        append_unsynced(&storage, 3);
+        sim.crash_now();
+        sim.restart_process();
+        let config = SegmentConfig { canary_trust_page_cache: trust_page_cache, ..small_config() };
+        let (segment, report) = Segment::open(Arc::clone(&storage), &dir(), 1, config).unwrap();
+        assert_eq!(report.records, 5, "a process crash keeps the page cache");
+        drop(segment);
+        sim.crash_now();
+        sim.restart();
+        let (_, report) = Segment::open(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+        let survived = report.records == 5;
+        assert_eq!(survived, !trust_page_cache, "trust_page_cache {trust_page_cache}");
+    }
+}
+
+/// After a failed `fdatasync` the page cache shows bytes the disk never got, and they are clean,
+/// so no later sync writes them. A restart (or a reopen) must see the disk, not those pages.
+#[test]
+fn a_failed_sync_is_not_trusted_after_a_restart() {
+    for trust_page_cache in [false, true] {
+        let sim = SimStorage::new(22);
+        let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+        let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+        segment.append(&records(2, "acked")).unwrap();
+        sim.fail_next_syncs(1);
+        assert!(segment.append(&records(3, "refused")).is_err());
+        drop(segment);
+        sim.crash_now();
+        sim.restart_process();
+        let config = SegmentConfig { canary_trust_page_cache: trust_page_cache, ..small_config() };
+        let (segment, report) = Segment::open(Arc::clone(&storage), &dir(), 1, config).unwrap();
+        let served = report.records;
+        let acked = segment.append(&records(1, "after")).unwrap();
+        drop(segment);
+        sim.crash_now();
+        sim.restart();
+        let (segment, _) = Segment::open(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+        let after = read_readable(&segment);
+        let kept = after.iter().any(|stored| {
+            stored.offset == acked.first_offset && stored.record.value == Bytes::from("after-0")
+        });
+        if trust_page_cache {
+            assert_eq!(served, 5, "the canary serves the clean, unwritten pages");
+            assert!(!kept, "and loses the record acknowledged after them");
+        } else {
+            assert_eq!(served, 2, "only what reached the disk");
+            assert!(kept, "the record acknowledged after the restart survives a power loss");
+        }
+    }
+}
+
+/// A bad frame with valid frames of a later write after it is damage among acknowledged
+/// records: kept, reported, served up to the damage, refused past it, never cut.
+#[test]
+fn damage_that_later_writes_follow_is_kept_not_cut() {
+    for cut_damage in [false, true] {
+        let sim = SimStorage::new(23);
+        let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+        let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+        segment.append(&records(4, "first")).unwrap();
+        let second_write_at = segment.status().durable_bytes;
+        segment.append(&records(4, "second")).unwrap();
+        segment.append(&records(4, "third")).unwrap();
+        drop(segment);
+        let (path, _) = segment_paths(&dir(), 1);
+        let before = sim.written_bytes(&path).unwrap();
+        sim.flip_bit(&path, second_write_at + 12, 3).unwrap();
+        let config = SegmentConfig { canary_cut_damage: cut_damage, ..small_config() };
+        let (segment, report) = Segment::open(Arc::clone(&storage), &dir(), 1, config).unwrap();
+        if cut_damage {
+            assert_eq!((report.records, report.damage), (4, None));
+            continue;
+        }
+        let damage = report.damage.expect("damage is reported");
+        assert_eq!((damage.offset, damage.position, damage.frames_after), (4, second_write_at, 7));
+        assert_eq!(report.bytes_truncated, 0);
+        assert_eq!(sim.written_bytes(&path).unwrap().len(), before.len(), "nothing is cut");
+        assert_eq!(read_readable(&segment).len(), 4, "records before the damage are served");
+        assert!(matches!(segment.read(4, 10, 1000), Err(ReadError::Corrupt { .. })));
+        assert!(matches!(segment.read(9, 10, 1000), Err(ReadError::Corrupt { .. })));
+        assert_eq!(segment.append(&records(1, "x")), Err(AppendError::Sealed { end_offset: 12 }));
+        assert_eq!(
+            segment.seal().unwrap(),
+            SealInfo { end_offset: 12, data_bytes: before.len() as u64 }
+        );
+    }
+}
+
+/// Damage inside the last write, with nothing proving that write was synced, is a torn tail:
+/// cut, with the valid frames cut counted for the operator.
+#[test]
+fn damage_inside_the_last_write_is_a_torn_tail() {
+    let sim = SimStorage::new(24);
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    segment.append(&records(2, "first")).unwrap();
+    let last_write_at = segment.status().durable_bytes;
+    segment.append(&records(6, "last")).unwrap();
+    drop(segment);
     let (path, _) = segment_paths(&dir(), 1);
-    sim.flip_bit(&path, 0, 0).unwrap();
-    assert!(
-        !is_unborn(&*storage, &dir(), 1).unwrap(),
-        "a damaged header is corruption, not unborn"
-    );
-    let zeros = vec![0u8; sim.written_bytes(&path).unwrap().len()];
-    sim.restore(&path, &zeros).unwrap();
-    assert!(is_unborn(&*storage, &dir(), 1).unwrap(), "a zeroed header");
-    sim.truncate(&path, SEGMENT_HEADER_BYTES - 1).unwrap();
-    assert!(is_unborn(&*storage, &dir(), 1).unwrap(), "shorter than a header");
+    let frame = crate::format::frame_bytes(&records(6, "last")[0]);
+    sim.flip_bit(&path, last_write_at + frame + 12, 0).unwrap();
+    let (segment, report) = Segment::open(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    assert_eq!((report.records, report.damage, report.valid_frames_cut), (3, None, 4));
+    assert_eq!(segment.append(&records(1, "next")).unwrap().first_offset, 3);
+}
+
+#[test]
+fn a_clean_close_reopens_without_a_scan() {
+    let sim = SimStorage::new(25);
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    segment.append(&records(30, "a")).unwrap();
+    let clean = segment.close_clean().expect("an idle segment closes");
+    drop(segment);
+    let syncs = sim.sync_count();
+    let reopened =
+        Segment::reopen_clean(Arc::clone(&storage), &dir(), 1, small_config(), clean).unwrap();
+    assert_eq!(sim.sync_count(), syncs, "a clean reopen syncs nothing");
+    assert_eq!(read_all(&reopened).len(), 30);
+    assert_eq!(reopened.append(&records(1, "b")).unwrap().first_offset, 30);
+    let stale = CleanClose { durable_offset: 29, durable_bytes: clean.durable_bytes - 1, ..clean };
+    assert!(matches!(
+        Segment::reopen_clean(Arc::clone(&storage), &dir(), 1, small_config(), stale),
+        Err(OpenError::Changed)
+    ));
 }

@@ -15,6 +15,33 @@ use std::path::{Path, PathBuf};
 pub use real::RealStorage;
 pub use sim::{SimFaults, SimStorage};
 
+/// Creates `dir` and every missing directory between `root` and it, and makes each of them
+/// durable: a new directory's entry lives in its parent, so each level's parent is synced. The
+/// innermost directory's parent is synced even when the directory already existed, because an
+/// earlier attempt may have created it and stopped before that sync. `root` must already be
+/// durable (the data directory, made so at boot).
+pub fn create_dir_durable(storage: &dyn Storage, root: &Path, dir: &Path) -> io::Result<()> {
+    assert!(dir.starts_with(root), "{} is not under {}", dir.display(), root.display());
+    // The filesystem root has no parent and always exists.
+    let levels: Vec<&Path> =
+        dir.ancestors().take_while(|level| *level != root && level.parent().is_some()).collect();
+    for level in levels.into_iter().rev() {
+        let parent = match level.parent() {
+            Some(parent) if parent.as_os_str().is_empty() => Path::new("."),
+            Some(parent) => parent,
+            None => unreachable!("a level below root has a parent"),
+        };
+        let created = !storage.exists(level)?;
+        if created {
+            storage.create_dir_all(level)?;
+        }
+        if created || level == dir {
+            storage.sync_dir(parent)?;
+        }
+    }
+    Ok(())
+}
+
 /// How [`Storage::open`] treats an existing or missing file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpenMode {
@@ -28,9 +55,12 @@ pub enum OpenMode {
 
 /// A directory tree of files.
 pub trait Storage: Send + Sync + fmt::Debug {
+    /// Creates `dir` and its missing ancestors. Not durable by itself: see
+    /// [`create_dir_durable`].
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Whether a file or a directory exists at `path`.
     fn exists(&self, path: &Path) -> io::Result<bool>;
     /// Paths of the files directly in `dir`, sorted.
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
@@ -50,4 +80,9 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// dropped the dirty pages); the caller must treat the file as failed.
     fn sync_data(&self) -> io::Result<()>;
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Asks the kernel to forget this file's cached pages that are not dirty, so the next reads
+    /// come from the device. After a failed `fdatasync` Linux keeps pages it marked clean
+    /// without writing them, and reads serve bytes the disk does not hold; recovery syncs, then
+    /// drops the cache, then reads what really is on the disk.
+    fn drop_clean_cache(&self) -> io::Result<()>;
 }

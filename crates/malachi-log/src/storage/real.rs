@@ -119,6 +119,13 @@ impl StorageFile for RealFile {
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
     }
+
+    fn drop_clean_cache(&self) -> io::Result<()> {
+        // SAFETY: a plain advisory call on a descriptor this handle owns.
+        let code =
+            unsafe { libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if code == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(code)) }
+    }
 }
 
 /// Drops the first `written` bytes from `bufs` after a (possibly partial) vectored write.

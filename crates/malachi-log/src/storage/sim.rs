@@ -1,11 +1,15 @@
 //! An in-memory disk for the simulator and for crash tests.
 //!
 //! Each file keeps two views: `written` (what reads see, the page cache) and `durable` (what
-//! survives a crash), plus the list of operations written since the last successful sync. A
-//! crash keeps the durable bytes and, depending on [`SimFaults`], a random prefix of the unsynced
-//! operations with the last one possibly torn. A failed sync behaves as Linux does: the pending
-//! pages are dropped from the write-back queue, so a later sync succeeds without making them
-//! durable. File creations and removals become durable only through `sync_dir`.
+//! survives a power loss), plus the list of operations written since the last successful sync.
+//! A power loss ([`SimStorage::restart`]) keeps the durable bytes and, depending on
+//! [`SimFaults`], a random prefix of the unsynced operations with the last one possibly torn. A
+//! process crash ([`SimStorage::restart_process`]) loses nothing: the kernel keeps the page
+//! cache, so unsynced bytes are still read after it, and may still vanish at a later power loss.
+//! A failed sync behaves as Linux does: the pending pages are marked clean without being
+//! written, so reads still see them, a later sync succeeds without making them durable, and only
+//! [`StorageFile::drop_clean_cache`] makes reads see the disk again. File and directory
+//! creations and removals become durable only when their parent directory is synced.
 //!
 //! All randomness comes from the seed passed to [`SimStorage::new`]; maps are ordered, so the
 //! same seed and the same calls give the same bytes.
@@ -52,11 +56,13 @@ struct SimState {
     /// Syncs that will fail regardless of the rates, for tests that need one exact failure.
     forced_sync_failures: u64,
     next_file_id: u64,
-    dirs: BTreeSet<PathBuf>,
+    /// Directories and whether their entry in the parent is durable. The root always is.
+    dirs: BTreeMap<PathBuf, bool>,
     files: BTreeMap<PathBuf, SimFile>,
     /// Durable files removed since their directory was last synced; a crash brings them back.
     unsynced_removals: BTreeMap<PathBuf, SimFile>,
     syncs: u64,
+    failed_syncs: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -94,10 +100,11 @@ impl SimStorage {
                 ops_until_crash: None,
                 forced_sync_failures: 0,
                 next_file_id: 1,
-                dirs: BTreeSet::new(),
+                dirs: BTreeMap::new(),
                 files: BTreeMap::new(),
                 unsynced_removals: BTreeMap::new(),
                 syncs: 0,
+                failed_syncs: 0,
             })),
         }
     }
@@ -121,11 +128,20 @@ impl SimStorage {
         self.lock().down
     }
 
-    /// Reboots after a crash (or without one, which loses the same unsynced state): applies the
-    /// crash rules to every file and makes every open handle stale.
+    /// Reboots after a power loss (or without one, which loses the same unsynced state):
+    /// applies the crash rules to every file and directory and makes every open handle stale.
     pub fn restart(&self) {
         let mut state = self.lock();
         state.restart();
+    }
+
+    /// Restarts after the process died while the machine stayed up: every open handle is stale,
+    /// and nothing is lost. Unsynced bytes stay readable (and may vanish at a later power loss).
+    pub fn restart_process(&self) {
+        let mut state = self.lock();
+        state.down = false;
+        state.ops_until_crash = None;
+        state.epoch += 1;
     }
 
     /// Bytes the files hold now (written, synced or not): what a capacity limit counts.
@@ -141,6 +157,11 @@ impl SimStorage {
     /// Successful and failed `sync_data` calls so far.
     pub fn sync_count(&self) -> u64 {
         self.lock().syncs
+    }
+
+    /// Failed `sync_data` calls so far.
+    pub fn failed_sync_count(&self) -> u64 {
+        self.lock().failed_syncs
     }
 
     /// Media damage: flips one bit in both views of the file.
@@ -223,9 +244,20 @@ impl SimState {
     }
 
     fn restart(&mut self) {
-        self.files.retain(|_, file| file.entry_durable);
+        // Parents sort before their children, so one pass decides every directory.
+        let mut surviving = BTreeSet::new();
+        for (dir, durable) in &self.dirs {
+            let parent_survives = dir.parent().is_none_or(|parent| surviving.contains(parent));
+            if dir.parent().is_none() || (*durable && parent_survives) {
+                surviving.insert(dir.clone());
+            }
+        }
+        self.dirs.retain(|dir, _| surviving.contains(dir));
+        let in_surviving_dir =
+            |path: &Path| path.parent().is_some_and(|parent| surviving.contains(parent));
+        self.files.retain(|path, file| file.entry_durable && in_surviving_dir(path));
         let removed = std::mem::take(&mut self.unsynced_removals);
-        self.files.extend(removed);
+        self.files.extend(removed.into_iter().filter(|(path, _)| in_surviving_dir(path)));
         let paths: Vec<PathBuf> = self.files.keys().cloned().collect();
         for path in paths {
             let mut file = self.files.remove(&path).expect("listed above");
@@ -280,10 +312,11 @@ impl SimState {
 impl Storage for SimStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         let mut state = self.lock();
-        state.check_up()?;
-        // Directories are durable at once: the simulator models file entries, not the tree.
+        state.tick()?;
         for ancestor in dir.ancestors() {
-            state.dirs.insert(ancestor.to_path_buf());
+            // The root (and a relative path's empty base) always exists, durably.
+            let is_root = ancestor.parent().is_none() || ancestor.as_os_str().is_empty();
+            state.dirs.entry(ancestor.to_path_buf()).or_insert(is_root);
         }
         Ok(())
     }
@@ -296,7 +329,7 @@ impl Storage for SimStorage {
             state.tick()?;
         }
         let parent = path.parent().unwrap_or(Path::new(""));
-        if !state.dirs.contains(parent) {
+        if !state.dirs.contains_key(parent) {
             return Err(not_found(parent));
         }
         let exists = state.files.contains_key(path);
@@ -346,13 +379,14 @@ impl Storage for SimStorage {
     fn exists(&self, path: &Path) -> io::Result<bool> {
         let state = self.lock();
         state.check_up()?;
-        Ok(state.files.contains_key(path))
+        let is_root = path.parent().is_none();
+        Ok(is_root || state.files.contains_key(path) || state.dirs.contains_key(path))
     }
 
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         let state = self.lock();
         state.check_up()?;
-        if !state.dirs.contains(dir) {
+        if !state.dirs.contains_key(dir) {
             return Err(not_found(dir));
         }
         Ok(state.files.keys().filter(|path| path.parent() == Some(dir)).cloned().collect())
@@ -361,9 +395,17 @@ impl Storage for SimStorage {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut state = self.lock();
         state.tick()?;
+        if !state.dirs.contains_key(dir) {
+            return Err(not_found(dir));
+        }
         for (path, file) in state.files.iter_mut() {
             if path.parent() == Some(dir) {
                 file.entry_durable = true;
+            }
+        }
+        for (path, durable) in state.dirs.iter_mut() {
+            if path.parent() == Some(dir) {
+                *durable = true;
             }
         }
         state.unsynced_removals.retain(|path, _| path.parent() != Some(dir));
@@ -428,6 +470,7 @@ impl StorageFile for SimFileHandle {
             // The kernel marks the pages clean without writing them: they are lost on a crash
             // and no later sync will retry them.
             file.unsynced.clear();
+            state.failed_syncs += 1;
             return Err(io::Error::other("simulated EIO on fdatasync"));
         }
         // Apply exactly the pending operations: pages dropped by an earlier failed sync stay lost.
@@ -448,6 +491,23 @@ impl StorageFile for SimFileHandle {
         let file = state.file(self)?;
         file.written.resize(len as usize, 0);
         file.unsynced.push(PendingOp::SetLen(len));
+        Ok(())
+    }
+
+    fn drop_clean_cache(&self) -> io::Result<()> {
+        let mut state = self.state.lock().expect("sim storage lock poisoned");
+        state.check_up()?;
+        let file = state.file(self)?;
+        // Dirty pages stay; clean ones are read again from the disk, so pages a failed sync
+        // marked clean without writing show the disk's bytes again.
+        let mut content = file.durable.clone();
+        for op in &file.unsynced {
+            match op {
+                PendingOp::SetLen(len) => content.resize(*len as usize, 0),
+                PendingOp::Write { position, bytes } => write_into(&mut content, *position, bytes),
+            }
+        }
+        file.written = content;
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 use crate::command::{MergeRanges, MetaCommand, MetaResponse, SplitRange};
 use crate::keyspace::Extent;
 use crate::limits::MetaLimits;
+use crate::limits::Quota;
 use crate::model::{RangeState, SealReport, SegmentState};
 use crate::state::MetaState;
 use crate::testkit::{NOW_MS, apply_ok, assert_refused, create, roll, seal_of, split, with_topic};
@@ -96,6 +97,7 @@ fn split_refusals() {
         seal: Some(seal_of(&state, topic_id, 0, 3)),
         now_ms: NOW_MS,
         child_replicas: [vec![1], vec![2]],
+        quota: Quota::default(),
     };
     let with = |change: &dyn Fn(&mut SplitRange)| {
         let mut command = base.clone();
@@ -142,6 +144,7 @@ fn a_second_seal_of_a_sealed_segment_is_refused() {
             seal: Some(seal),
             now_ms: NOW_MS,
             child_replicas: [vec![1], vec![1]],
+            quota: Quota::default(),
         })
     };
     assert_refused(&mut state, split_with(first_seal), "segment_already_sealed");

@@ -2,6 +2,7 @@
 
 use crate::command::{MetaCommand, RollSegment};
 use crate::limits::MetaLimits;
+use crate::limits::Quota;
 use crate::model::{SealReport, SegmentRoll, SegmentRollDefaults, SegmentState};
 use crate::state::MetaState;
 use crate::testkit::{NOW_MS, apply_ok, assert_refused, create, roll, seal_of, split, with_topic};
@@ -110,6 +111,8 @@ fn roll_due_table() {
             initial_ranges: None,
             segment_roll: overrides,
             replicas: vec![1],
+            creator: None,
+            quota: Quota::default(),
         }),
     );
     // (topic id, range id, active bytes, age ms, due)

@@ -10,6 +10,7 @@
 //! sealed segment's length never changes; topic ids are never reused; replaying the command
 //! log from scratch gives the same `state_hash`; and a serde round trip keeps the hash.
 
+use crate::limits::Quota;
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
@@ -533,6 +534,8 @@ fn create_step(now_ms: u64) -> BoxedStrategy<Step> {
                 initial_ranges: Some(count),
                 segment_roll: SegmentRoll::default(),
                 replicas: vec![1],
+                creator: None,
+                quota: Quota::default(),
             }))
         })
         .boxed()
@@ -550,6 +553,7 @@ fn range_steps(model: &Model) -> BoxedStrategy<Step> {
                 seal: pick.seal(choice, end),
                 now_ms,
                 child_replicas: [vec![1], vec![2]],
+                quota: Quota::default(),
             }))
         });
     let roll =

@@ -4,6 +4,7 @@ use super::*;
 use crate::command::MetaCommand;
 use crate::keyspace::key_point;
 use crate::limits::MetaLimits;
+use crate::limits::Quota;
 use crate::model::SegmentState;
 use crate::testkit::{NOW_MS, apply_ok, assert_refused, create, with_topic};
 
@@ -19,6 +20,8 @@ fn create_with(
         initial_ranges: ranges,
         segment_roll: roll,
         replicas,
+        creator: None,
+        quota: Quota::default(),
     })
 }
 
@@ -159,4 +162,67 @@ fn topics_list_sorted_by_name() {
     }
     let names: Vec<&str> = state.topics().map(|topic| topic.name.as_str()).collect();
     assert_eq!(names, vec!["Mid", "alpha", "beta", "zeta"]);
+}
+
+/// Quotas travel in the command, so every replica refuses the same create for the same reason.
+#[test]
+fn create_honours_the_quota_it_carries() {
+    let with_quota = |name: &str, ranges: u32, creator: Option<&str>, quota: Quota| {
+        MetaCommand::CreateTopic(CreateTopic {
+            name: name.to_string(),
+            now_ms: NOW_MS,
+            initial_ranges: Some(ranges),
+            segment_roll: SegmentRoll::default(),
+            replicas: vec![1],
+            creator: creator.map(str::to_string),
+            quota,
+        })
+    };
+    let topics_2 = Quota { max_topics: Some(2), ..Quota::default() };
+    let ranges_8 = Quota { max_active_ranges: Some(8), ..Quota::default() };
+    let per_user_1 = Quota { max_topics_per_creator: Some(1), ..Quota::default() };
+    let cases: &[(&str, Quota, Option<&str>, u32, Option<&str>)] = &[
+        ("the third topic of two", topics_2, None, 1, Some("too_many_topics")),
+        ("4 more ranges on top of 4", ranges_8, None, 4, None),
+        ("8 more ranges on top of 4", ranges_8, None, 8, Some("too_many_ranges")),
+        ("a second topic by alice", per_user_1, Some("alice"), 1, Some("too_many_topics")),
+        ("a first topic by bob", per_user_1, Some("bob"), 1, None),
+        ("an admin's topic is exempt", per_user_1, None, 1, None),
+    ];
+    for (name, quota, creator, ranges, refusal) in cases {
+        let mut state = MetaState::default();
+        apply_ok(&mut state, with_quota("first", 2, Some("alice"), Quota::default()));
+        apply_ok(&mut state, with_quota("second", 2, None, Quota::default()));
+        let command = with_quota("new", *ranges, *creator, *quota);
+        match (refusal, state.apply(command.clone())) {
+            (Some(reason), Err(error)) => assert_eq!(&error.reason(), reason, "{name}"),
+            (None, Ok(_)) => {}
+            (expected, got) => panic!("{name}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn files_created_are_recorded_once_per_replica() {
+    let (mut state, topic_id) = with_topic("orders", Some(2));
+    let segment_ids: Vec<u64> = state
+        .topic(topic_id)
+        .unwrap()
+        .active_ranges()
+        .filter_map(|r| r.active_segment_id())
+        .collect();
+    let record =
+        |node_id, segment_ids: Vec<u64>| MetaCommand::SegmentFilesCreated { node_id, segment_ids };
+    let cases: &[(u64, &[u64], u64)] = &[
+        (1, &[segment_ids[0], 999], 1),
+        (1, &[segment_ids[0], segment_ids[1]], 1),
+        (7, &[segment_ids[1]], 0),
+    ];
+    for (node_id, ids, expected) in cases {
+        let response = apply_ok(&mut state, record(*node_id, ids.to_vec()));
+        assert_eq!(response, MetaResponse::SegmentFilesRecorded { recorded: *expected });
+    }
+    for segment_id in segment_ids {
+        assert_eq!(state.segment(segment_id).unwrap().created_on, vec![1]);
+    }
 }

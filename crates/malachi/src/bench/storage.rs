@@ -167,6 +167,7 @@ fn measure_size(args: &StorageArgs, size: u32) -> std::io::Result<Figures> {
 }
 
 fn create_segment(storage: &Arc<dyn Storage>, dir: &Path) -> std::io::Result<Segment> {
+    storage.create_dir_all(dir)?;
     Segment::create(Arc::clone(storage), dir, 1, SegmentConfig::default())
         .map_err(std::io::Error::other)
 }

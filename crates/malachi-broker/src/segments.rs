@@ -1,0 +1,80 @@
+//! The broker's one door to its segment files: what metadata says of a segment decides what a
+//! missing or unborn file means ([`Listed`]), and files this node creates are reported to
+//! metadata, so that from then on a missing one is damage, not a create that never happened.
+
+use std::sync::Arc;
+
+use malachi_log::Segment;
+use malachi_meta::{MetaCommand, MetaState};
+
+use crate::data::{DataError, Listed, SegmentKey};
+use crate::error::LogError;
+use crate::node::Broker;
+
+/// Segment ids in one `SegmentFilesCreated` or `ReclaimDone` command: far below the metadata
+/// machine's item limit, so a long list goes in several commands rather than one refused one.
+pub(crate) const SEGMENT_IDS_PER_COMMAND_MAX: usize = 1_000;
+
+impl Broker {
+    /// What metadata says of `key`'s file on this node; `None` once metadata no longer lists it.
+    pub(crate) fn listed(&self, key: SegmentKey) -> Option<Listed> {
+        self.meta.read(|meta| listed_in(&meta.0, key, self.node_id))
+    }
+
+    /// The segment, opened (recovered, or created if it never was) as metadata says.
+    pub(crate) async fn segment(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
+        let opened = self.data.open(key, || self.listed(key)).await?;
+        if opened.created {
+            self.report_created(vec![key.segment_id]).await;
+        }
+        Ok(opened.segment)
+    }
+
+    /// Creates the files of segments metadata has just allocated and reports them together.
+    pub(crate) async fn create_segments(&self, keys: &[SegmentKey]) -> Result<(), LogError> {
+        let mut created = Vec::new();
+        for &key in keys {
+            let opened = self.data.open(key, || self.listed(key)).await?;
+            if opened.created {
+                created.push(key.segment_id);
+            }
+        }
+        self.report_created(created).await;
+        Ok(())
+    }
+
+    /// Records in metadata that this node's files of `segment_ids` exist. A failure is only
+    /// logged: the file is there, and until metadata hears of it a missing file would be
+    /// created again, the behaviour before the report.
+    async fn report_created(&self, segment_ids: Vec<u64>) {
+        for chunk in segment_ids.chunks(SEGMENT_IDS_PER_COMMAND_MAX) {
+            let command = MetaCommand::SegmentFilesCreated {
+                node_id: self.node_id,
+                segment_ids: chunk.to_vec(),
+            };
+            if let Err(error) = self.propose_meta(command).await {
+                tracing::warn!(%error, "recording created segment files failed");
+            }
+        }
+    }
+
+    /// Records durable in an active segment.
+    pub(crate) async fn active_durable_end(&self, key: SegmentKey) -> Result<u64, DataError> {
+        if let Some(end) = self.data.durable_end(key) {
+            return Ok(end.0);
+        }
+        Ok(self.segment(key).await?.durable_offset())
+    }
+}
+
+fn listed_in(meta: &MetaState, key: SegmentKey, node_id: u64) -> Option<Listed> {
+    let segment = meta.segment(key.segment_id)?;
+    if (segment.topic_id, segment.range_id) != (key.topic_id, key.range_id) {
+        return None;
+    }
+    Some(match segment.sealed_length() {
+        Some((end_offset, _)) => Listed::Sealed { end_offset },
+        None if segment.created_on.contains(&node_id) => Listed::ActiveCreated,
+        None => Listed::ActiveUnborn,
+    })
+}
