@@ -88,7 +88,12 @@ fn read_toml(path: &std::path::Path) -> Result<BTreeMap<String, String>, String>
         .collect())
 }
 
-async fn serve(config: BrokerConfig, node_id: u64) -> Result<(), String> {
+/// Descriptors kept for everything but segment files: connections, the Raft store, sockets to
+/// peers. Segment handles may use what the limit leaves beyond it, up to half of the limit.
+const DESCRIPTORS_RESERVED: u64 = 256;
+
+async fn serve(mut config: BrokerConfig, node_id: u64) -> Result<(), String> {
+    fit_open_segments_to_descriptors(&mut config);
     let data_dir = config.data_dir.clone();
     let deps = NodeDeps::production(config, node_id);
     let (broker, report) = Broker::open(deps).await.map_err(|error| error.to_string())?;
@@ -114,6 +119,47 @@ async fn serve(config: BrokerConfig, node_id: u64) -> Result<(), String> {
     broker.shutdown().await;
     eprintln!("malachi stopped");
     Ok(())
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (the default soft limit of 1,024 is too
+/// few for a broker with many ranges), then caps the open segment files so that they can never
+/// take the descriptors that accepting connections needs.
+fn fit_open_segments_to_descriptors(config: &mut BrokerConfig) {
+    let descriptors = match raise_descriptor_limit() {
+        Ok(descriptors) => descriptors,
+        Err(error) => {
+            tracing::warn!(%error, "could not read or raise the descriptor limit");
+            return;
+        }
+    };
+    let for_segments = (descriptors / 2).min(descriptors.saturating_sub(DESCRIPTORS_RESERVED));
+    let for_segments = u32::try_from(for_segments).unwrap_or(u32::MAX).max(16);
+    if config.max_open_segments > for_segments {
+        tracing::warn!(
+            descriptors,
+            configured = config.max_open_segments,
+            used = for_segments,
+            "MALACHI_MAX_OPEN_SEGMENTS lowered to fit the descriptor limit"
+        );
+        config.max_open_segments = for_segments;
+    }
+}
+
+/// The soft descriptor limit after raising it as far as the hard limit allows.
+fn raise_descriptor_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed in.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit = raised;
+        }
+    }
+    Ok(limit.rlim_cur)
 }
 
 async fn wait_for_signal() {

@@ -1,0 +1,37 @@
+/* An LD_PRELOAD shim for the process-level tests: fdatasync on a segment file (*.seg) fails
+ * with EIO, once, each time the file named by FAILSYNC_TRIGGER appears. The failing call does
+ * not reach the kernel, so the test sees how the broker handles the error, and the file's
+ * pages stay dirty (a later real sync writes them): their records' outcome is unknown. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int is_segment(int fd) {
+    char link[64];
+    char target[4096];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t length = readlink(link, target, sizeof target - 1);
+    if (length < 4) {
+        return 0;
+    }
+    target[length] = 0;
+    return strcmp(target + length - 4, ".seg") == 0;
+}
+
+int fdatasync(int fd) {
+    static int (*real_fdatasync)(int) = 0;
+    if (!real_fdatasync) {
+        real_fdatasync = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    }
+    const char *trigger = getenv("FAILSYNC_TRIGGER");
+    /* unlink succeeds for exactly one caller: one failure per trigger. */
+    if (trigger && is_segment(fd) && unlink(trigger) == 0) {
+        errno = EIO;
+        return -1;
+    }
+    return real_fdatasync(fd);
+}
