@@ -486,7 +486,16 @@ impl OpenTask {
     fn recover(&self) -> OpenOutcome {
         let key = self.key;
         let storage = Arc::clone(&self.storage);
-        match Segment::open(storage, &self.dir, key.segment_id, self.config) {
+        let opened = match self.listed {
+            // A sealed segment's file is never cut: anything wrong with it is damage.
+            Listed::Sealed { .. } => {
+                Segment::open_read_only(storage, &self.dir, key.segment_id, self.config)
+            }
+            Listed::ActiveUnborn | Listed::ActiveCreated => {
+                Segment::open(storage, &self.dir, key.segment_id, self.config)
+            }
+        };
+        match opened {
             Ok((segment, report)) => Ok((segment, false, Some(report))),
             Err(OpenError::BadHeader(error)) => {
                 let sealed = matches!(self.listed, Listed::Sealed { .. });

@@ -281,6 +281,14 @@ impl Broker {
                 }
                 .map_err(DataError::from)?;
             let got = batch.records.len();
+            if got == 0 {
+                // Metadata says records lie here and the segment has none to give (a sealed
+                // file shorter than its recorded end): damage, never a silent end of the range.
+                return Err(LogError::Storage {
+                    reason: "storage_damaged",
+                    detail: format!("segment {key:?} holds no record at offset {from}"),
+                });
+            }
             for stored in batch.records {
                 let bytes = wire_bytes(&stored.record);
                 let alone = page_empty && read.records.is_empty();

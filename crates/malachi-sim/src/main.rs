@@ -45,6 +45,13 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // The node's own log, for working on one seed: RUST_LOG=info (or finer) prints it.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let canary = match args.canary.as_deref().map(|name| (name, Canary::parse(name))) {
         None => None,
         Some((_, Some(canary))) => Some(canary),

@@ -594,6 +594,23 @@ async fn drain_over_wire(
 
 /// The final drain of `topic` through the log API on the node (which reports retention's
 /// skipped count). Runs on the node's runtime.
+/// Produces `record` through the log API on the node: the healed node's proof of progress.
+pub async fn produce_on_node(
+    broker: Arc<Broker>,
+    topic: String,
+    record: WrittenRecord,
+) -> Result<(), String> {
+    let record = malachi_log::Record {
+        key: record.key.map(Bytes::from),
+        value: Bytes::from(record.value),
+        headers: Vec::new(),
+        timestamp_ms: 0,
+        tombstone: false,
+    };
+    let mut spread = malachi_broker::produce::Spread::default();
+    broker.produce(&topic, vec![record], &mut spread).await.map(|_| ()).map_err(|e| e.to_string())
+}
+
 pub async fn drain_on_node(
     broker: Arc<Broker>,
     topic: String,

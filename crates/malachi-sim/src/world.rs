@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use malachi_broker::data::SegmentKey;
 use malachi_broker::node::Canaries;
-use malachi_check::{CheckReport, Drain, EventKind, History, Op};
+use malachi_check::{CheckReport, Drain, EventKind, History, Op, Produce, WrittenRecord};
 use malachi_log::rng::SeededRng;
 use malachi_log::{SimFaults, SimStorage};
 use tokio::runtime::Runtime;
@@ -29,6 +29,8 @@ const TICK: Duration = Duration::from_millis(1);
 /// Ticks the heal phase may take before the run is declared stuck.
 const HEAL_TICKS_MAX: u64 = 120_000;
 const NODE_ID: u64 = 1;
+/// The process and producer id of the final produce (actors' ids start at 2).
+const FINAL_PRODUCER: u64 = 1;
 
 /// A deliberate bug to run with, to prove the checks catch it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,8 +271,8 @@ struct Damage {
 }
 
 enum DamageKind {
-    /// A sealed segment cut short (its trailer lost), with its healthy bytes.
-    Cut { original: Vec<u8> },
+    /// A sealed segment cut short at `position` (its trailer lost), with its healthy bytes.
+    Cut { original: Vec<u8>, position: u64 },
     /// One bit flipped, in a sealed segment or among an active one's durable records; flipping
     /// it again repairs it.
     Flip { position: u64, bit: u8 },
@@ -384,6 +386,7 @@ impl World {
             self.tick();
             waited += 1;
         }
+        self.final_produce(ORDERS);
         for topic in [ORDERS, EVENTS] {
             self.final_drain(topic);
         }
@@ -650,7 +653,7 @@ impl World {
             let path = self.segment_path(key);
             let Some(original) = self.node.storage.written_bytes(&path) else { return };
             if self.node.storage.truncate(&path, position).is_ok() {
-                self.note_damage(key, path, DamageKind::Cut { original }, "cut");
+                self.note_damage(key, path, DamageKind::Cut { original, position }, "cut");
             }
         } else {
             self.flip(key, position, "flip");
@@ -701,10 +704,7 @@ impl World {
     }
 
     fn note_damage(&mut self, key: SegmentKey, path: PathBuf, how: DamageKind, what: &str) {
-        let position = match &how {
-            DamageKind::Cut { .. } => 0,
-            DamageKind::Flip { position, .. } => *position,
-        };
+        let (DamageKind::Cut { position, .. } | DamageKind::Flip { position, .. }) = &how;
         let where_ = format!("{}/{}/{}", key.topic_id, key.range_id, key.segment_id);
         self.record(format!("damage: {what} segment {where_} at byte {position}"));
         let until_ms = self.now_ms + self.swarm.damage_ms;
@@ -718,17 +718,20 @@ impl World {
     fn repair_damage(&mut self) {
         let Some(damage) = self.damage.take() else { return };
         let restored = match &damage.how {
-            DamageKind::Cut { original } => self.node.storage.restore(&damage.path, original),
+            DamageKind::Cut { original, .. } => self.node.storage.restore(&damage.path, original),
             DamageKind::Flip { position, bit } => {
                 self.node.storage.flip_bit(&damage.path, *position, *bit)
             }
         };
         if let Some(broker) = self.node.broker() {
+            let sealed = broker.meta_group().read(|meta| {
+                meta.0.segment(damage.key.segment_id).is_none_or(|segment| !segment.is_active())
+            });
             let data = broker.data_plane();
             let status = data.peek(damage.key).map(|segment| segment.status());
             let takes_appends =
                 status.is_some_and(|status| status.sealed.is_none() && status.damage.is_none());
-            if !takes_appends {
+            if sealed || !takes_appends {
                 data.forget(damage.key);
             }
         }
@@ -743,6 +746,50 @@ impl World {
         *self.ctx.broker.lock().expect("broker lock poisoned") = self.node.broker();
         self.record(format!("boot {}", self.node.incarnation));
         Ok(())
+    }
+
+    /// Produces one record through the log API on the healed node: a run must end with at least
+    /// one acknowledged write, or it proves nothing (and a node that acknowledges nothing once
+    /// every fault is lifted is broken).
+    fn final_produce(&mut self, topic: &str) {
+        let record = WrittenRecord {
+            key: Some(b"final".to_vec()),
+            value: format!("final-{}", self.options.seed).into_bytes(),
+            producer: FINAL_PRODUCER,
+            sequence: 1,
+        };
+        let op = Op::Produce(Produce {
+            topic: topic.to_string(),
+            records: vec![record.clone()],
+            retry_of: None,
+        });
+        for attempt in 0..3 {
+            let Some(broker) = self.node.broker() else { break };
+            let op_id = self.history_mut(|history| history.invoke(FINAL_PRODUCER, op.clone()));
+            let future = workload::produce_on_node(broker, topic.to_string(), record.clone());
+            let Some(task) = self.node.spawn(future) else { break };
+            let mut waited = 0;
+            while !task.is_finished() && waited < HEAL_TICKS_MAX {
+                self.tick();
+                waited += 1;
+            }
+            let result = if task.is_finished() {
+                self.clients.block_on(task).unwrap_or_else(|error| Err(error.to_string()))
+            } else {
+                Err("the produce did not finish".to_string())
+            };
+            match result {
+                Ok(()) => {
+                    self.history_mut(|history| history.ok(op_id));
+                    return;
+                }
+                Err(error) => {
+                    self.history_mut(|history| history.info(op_id));
+                    self.record(format!("final produce {attempt} failed: {}", reason_name(&error)));
+                }
+            }
+        }
+        self.findings.push(format!("the healed node refused a produce to {topic} three times"));
     }
 
     /// Reads `topic` whole through the log API on the node (which reports retention's skipped

@@ -195,6 +195,28 @@ impl Segment {
         segment_id: u64,
         config: SegmentConfig,
     ) -> Result<(Segment, RecoveryReport), OpenError> {
+        Segment::open_as(storage, dir, segment_id, config, Recovery::MayCut)
+    }
+
+    /// Opens a segment that metadata has sealed, for reads only, changing nothing in its file.
+    /// Without an intact trailer it is damaged (a sealed file is never a torn write): it takes
+    /// no appends, serves the records before the first bad frame, and refuses past it.
+    pub fn open_read_only(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        segment_id: u64,
+        config: SegmentConfig,
+    ) -> Result<(Segment, RecoveryReport), OpenError> {
+        Segment::open_as(storage, dir, segment_id, config, Recovery::ReadOnly)
+    }
+
+    fn open_as(
+        storage: Arc<dyn Storage>,
+        dir: &Path,
+        segment_id: u64,
+        config: SegmentConfig,
+        recovery: Recovery,
+    ) -> Result<(Segment, RecoveryReport), OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::Existing)?;
         if !config.canary_trust_page_cache {
@@ -213,7 +235,7 @@ impl Segment {
             Some(trailer) => {
                 open_sealed(&*storage, file.as_ref(), &index_path, header, trailer, &config)?
             }
-            None => recover_unsealed(file.as_ref(), file_len, header, &config)?,
+            None => recover_unsealed(file.as_ref(), file_len, header, &config, recovery)?,
         };
         let (core, report) = recovered;
         Ok((Segment::assemble(segment_id, storage, index_path, file, config, core), report))
@@ -587,6 +609,15 @@ impl Segment {
     }
 }
 
+/// What recovery may do to an unsealed file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Recovery {
+    /// Cut a torn tail (a write head after a crash).
+    MayCut,
+    /// Change nothing: anything bad is damage (a segment metadata has sealed).
+    ReadOnly,
+}
+
 struct ReadLimits {
     from_offset: u64,
     records_max: u32,
@@ -738,6 +769,7 @@ fn recover_unsealed(
     file_len: u64,
     header: SegmentHeader,
     config: &SegmentConfig,
+    recovery: Recovery,
 ) -> Result<(Core, RecoveryReport), OpenError> {
     let outcome = scan::scan_frames(
         file,
@@ -761,7 +793,7 @@ fn recover_unsealed(
     if let Some((position, error)) = outcome.stop.filter(|_| seal.is_none()) {
         let chunk_bytes = config.read_chunk_bytes as usize;
         let after = scan::frames_after(file, file_len, position, chunk_bytes)?;
-        if is_damage(&after, position, config) {
+        if recovery == Recovery::ReadOnly || is_damage(&after, position, config) {
             let damage = Damage {
                 position,
                 offset: outcome.end_offset,
@@ -771,13 +803,21 @@ fn recover_unsealed(
             report.damage = Some(damage);
             let mut core =
                 core_at(header, outcome.end_offset, position, outcome.index, None, config);
-            let last_offset = after.last_offset.expect("damage has valid frames after it");
-            core.sealed =
-                Some(SealInfo { end_offset: last_offset + 1, data_bytes: after.last_end });
+            let end_offset = after.last_offset.map_or(outcome.end_offset, |last| last + 1);
+            let data_bytes = after.last_end.max(position);
+            core.sealed = Some(SealInfo { end_offset, data_bytes });
             core.damage = Some(damage);
             return Ok((core, report));
         }
         report.valid_frames_cut = after.valid_frames;
+    }
+    if recovery == Recovery::ReadOnly {
+        // Intact frames and no trailer: served as they are, and never appended to.
+        let data_bytes = seal.map_or(outcome.valid_bytes, |seal| seal.data_bytes);
+        let sealed = seal.unwrap_or(SealInfo { end_offset: outcome.end_offset, data_bytes });
+        let core =
+            core_at(header, outcome.end_offset, data_bytes, outcome.index, Some(sealed), config);
+        return Ok((core, report));
     }
     report.bytes_truncated = file_len - outcome.valid_bytes;
     if report.bytes_truncated > 0 {
