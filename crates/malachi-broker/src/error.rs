@@ -52,7 +52,11 @@ impl LogError {
 
     /// Whether retrying the same call may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, LogError::Storage { .. } | LogError::Unavailable(_) | LogError::Migrating)
+        match self {
+            LogError::Storage { reason, .. } => *reason != "storage_damaged",
+            LogError::Unavailable(_) | LogError::Migrating => true,
+            _ => false,
+        }
     }
 }
 

@@ -109,12 +109,14 @@ impl Broker {
                     skipped,
                 });
             }
+            let parked = self.notifier.park(topic.topic_id);
             tokio::select! {
                 biased;
                 _ = &mut deadline => {}
                 // An error means the topic was deleted: the next pass finds it gone and answers.
                 _ = produced.changed() => {}
             }
+            drop(parked);
         }
     }
 

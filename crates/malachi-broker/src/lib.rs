@@ -2,6 +2,7 @@
 //! split and merge, retention.
 
 pub mod auth;
+pub mod clock;
 pub mod config;
 pub mod cursor;
 pub mod data;

@@ -1,62 +1,115 @@
 //! The metadata and administrative machines as Raft-replicated state machines.
 //!
-//! Both wrap the pure machines of `malachi-meta`; the wrappers add nothing but the byte form of a
-//! snapshot (canonical JSON: the states hold only ordered maps).
+//! One generic wrapper serves both pure machines of `malachi-meta`, so they cannot drift apart:
+//! a snapshot is canonical JSON (the states hold only ordered maps), and a restored snapshot
+//! must pass the machine's invariant check before it is used, whichever machine it is.
 
 use malachi_consensus::StateMachine;
 use malachi_meta::{
-    AdminCommand, AdminError, AdminResponse, AdminState, MetaCommand, MetaError, MetaResponse,
-    MetaState,
+    AdminCommand, AdminError, AdminResponse, AdminState, InvariantViolation, MetaCommand,
+    MetaError, MetaResponse, MetaState,
 };
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
-/// A vnode's metadata: topics, ranges, segments, groups, policies.
-#[derive(Debug, Default)]
-pub struct MetaMachine(pub MetaState);
+/// A pure machine of `malachi-meta`: commands in, responses out, invariants it can check.
+pub trait PureMachine: Default + Serialize + DeserializeOwned + Send + Sync + 'static {
+    type Command: Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static;
+    type Response: Serialize + DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static;
 
-impl StateMachine for MetaMachine {
+    fn apply(&mut self, command: Self::Command) -> Self::Response;
+    fn check_invariants(&self) -> Result<(), InvariantViolation>;
+}
+
+impl PureMachine for MetaState {
     type Command = MetaCommand;
     type Response = Result<MetaResponse, MetaError>;
 
     fn apply(&mut self, command: MetaCommand) -> Self::Response {
-        self.0.apply(command)
+        MetaState::apply(self, command)
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.0).expect("metadata state serializes")
-    }
-
-    fn restore(bytes: &[u8]) -> Result<MetaMachine, String> {
-        serde_json::from_slice(bytes).map(MetaMachine).map_err(|error| error.to_string())
-    }
-
-    fn empty() -> MetaMachine {
-        MetaMachine::default()
+    fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        MetaState::check_invariants(self)
     }
 }
 
-/// The cluster-wide administrative state: users, ACL grants, lockouts.
-#[derive(Debug, Default)]
-pub struct AdminMachine(pub AdminState);
-
-impl StateMachine for AdminMachine {
+impl PureMachine for AdminState {
     type Command = AdminCommand;
     type Response = Result<AdminResponse, AdminError>;
 
     fn apply(&mut self, command: AdminCommand) -> Self::Response {
+        AdminState::apply(self, command)
+    }
+
+    fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        AdminState::check_invariants(self)
+    }
+}
+
+/// A pure machine replicated by Raft.
+#[derive(Debug, Default)]
+pub struct Replicated<S>(pub S);
+
+/// A vnode's metadata: topics, ranges, segments, groups, policies.
+pub type MetaMachine = Replicated<MetaState>;
+/// The cluster-wide administrative state: users, ACL grants, lockouts.
+pub type AdminMachine = Replicated<AdminState>;
+
+impl<S: PureMachine> StateMachine for Replicated<S> {
+    type Command = S::Command;
+    type Response = S::Response;
+
+    fn apply(&mut self, command: S::Command) -> S::Response {
         self.0.apply(command)
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.0).expect("admin state serializes")
+        serde_json::to_vec(&self.0).expect("machine states serialize: string and integer keys")
     }
 
-    fn restore(bytes: &[u8]) -> Result<AdminMachine, String> {
-        let state: AdminState = serde_json::from_slice(bytes).map_err(|error| error.to_string())?;
+    fn restore(bytes: &[u8]) -> Result<Replicated<S>, String> {
+        let state: S = serde_json::from_slice(bytes).map_err(|error| error.to_string())?;
         state.check_invariants().map_err(|violation| violation.detail)?;
-        Ok(AdminMachine(state))
+        Ok(Replicated(state))
     }
 
-    fn empty() -> AdminMachine {
-        AdminMachine::default()
+    fn empty() -> Replicated<S> {
+        Replicated(S::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot that decodes but breaks an invariant is refused by both machines alike.
+    #[test]
+    fn both_machines_refuse_a_snapshot_that_breaks_an_invariant() {
+        let mut meta = MetaState::default();
+        meta.apply(MetaCommand::CreateTopic(malachi_meta::CreateTopic {
+            name: "orders".into(),
+            now_ms: 1,
+            initial_ranges: Some(2),
+            segment_roll: Default::default(),
+            replicas: vec![1],
+            creator: None,
+            quota: Default::default(),
+        }))
+        .unwrap();
+        let good = Replicated(meta).snapshot();
+        assert!(MetaMachine::restore(&good).is_ok());
+        let mut broken: serde_json::Value = serde_json::from_slice(&good).unwrap();
+        // Drop the name index entry: the topic can no longer be found by its name.
+        broken["topic_ids_by_name"] = serde_json::json!({});
+        let broken = serde_json::to_vec(&broken).unwrap();
+        assert!(MetaMachine::restore(&broken).unwrap_err().contains("name index"));
+
+        let admin = Replicated(AdminState::default()).snapshot();
+        assert!(AdminMachine::restore(&admin).is_ok());
+        let mut broken: serde_json::Value = serde_json::from_slice(&admin).unwrap();
+        broken["acls"] = serde_json::json!({ "nobody": [] });
+        let broken = serde_json::to_vec(&broken).unwrap();
+        assert!(AdminMachine::restore(&broken).is_err());
     }
 }

@@ -7,10 +7,32 @@ use std::sync::Mutex;
 // Not tokio's watch: its waiters wake in a random order, which a simulated run cannot replay.
 use malachi_consensus::watch;
 
+pub use crate::clock::{Clock, SystemClock};
+
 /// Per-topic produce signals.
 #[derive(Debug, Default)]
 pub struct Notifier {
     topics: Mutex<BTreeMap<u64, watch::Sender<u64>>>,
+    /// Fetches waiting for a produce now, per topic.
+    parked: Mutex<BTreeMap<u64, usize>>,
+}
+
+/// A fetch parked on a topic's signal, counted while it lives.
+#[derive(Debug)]
+pub struct Parked<'a> {
+    notifier: &'a Notifier,
+    topic_id: u64,
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        let mut parked = self.notifier.parked.lock().expect("notifier lock poisoned");
+        let count = parked.get_mut(&self.topic_id).expect("a parked fetch was counted");
+        *count -= 1;
+        if *count == 0 {
+            parked.remove(&self.topic_id);
+        }
+    }
 }
 
 impl Notifier {
@@ -19,6 +41,17 @@ impl Notifier {
     pub fn subscribe(&self, topic_id: u64) -> watch::Receiver<u64> {
         let mut topics = self.topics.lock().expect("notifier lock poisoned");
         topics.entry(topic_id).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+
+    /// Counts a fetch as parked on `topic_id` until the guard drops.
+    pub fn park(&self, topic_id: u64) -> Parked<'_> {
+        *self.parked.lock().expect("notifier lock poisoned").entry(topic_id).or_default() += 1;
+        Parked { notifier: self, topic_id }
+    }
+
+    /// Fetches parked on `topic_id` now.
+    pub fn parked(&self, topic_id: u64) -> usize {
+        self.parked.lock().expect("notifier lock poisoned").get(&topic_id).copied().unwrap_or(0)
     }
 
     pub fn notify(&self, topic_id: u64) {
@@ -34,24 +67,6 @@ impl Notifier {
         if let Some(sender) = removed {
             sender.send_modify(|produced| *produced += 1);
         }
-    }
-}
-
-/// Wall-clock milliseconds, handed to decision logic that must not read a clock itself.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    fn now_ms(&self) -> u64;
-}
-
-/// The system clock, for the real broker.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|elapsed| elapsed.as_millis() as u64)
-            .unwrap_or(0)
     }
 }
 

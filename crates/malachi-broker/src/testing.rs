@@ -30,3 +30,15 @@ pub async fn open(config: BrokerConfig) -> Arc<Broker> {
     let deps = NodeDeps::production(config, 1);
     Broker::open(deps).await.expect("the test broker opens").0
 }
+
+/// Waits until `done` holds, looking every millisecond: tests synchronise on state, not on
+/// sleeps. Panics after 20 s, a bound on liveness rather than a measure of speed.
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..20_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("timed out waiting until {what}");
+}

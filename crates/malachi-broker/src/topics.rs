@@ -167,6 +167,16 @@ impl Broker {
         Ok(info)
     }
 
+    /// Fetches of `topic` parked now, waiting for a produce.
+    pub fn parked_fetches(&self, topic: &str) -> usize {
+        self.topic_id(topic).map_or(0, |topic_id| self.notifier.parked(topic_id))
+    }
+
+    /// Segment rolls requested and not finished yet.
+    pub fn rolls_pending(&self) -> usize {
+        self.rolling.lock().expect("rolling lock poisoned").len()
+    }
+
     pub fn list_topics(&self) -> Vec<String> {
         self.meta.read(|meta| meta.0.topics().map(|topic| topic.name.clone()).collect())
     }

@@ -161,22 +161,22 @@ async fn long_poll_wakes_on_produce_and_deleted_topics_come_back_new() {
         let broker = Arc::clone(&broker);
         let cursor = cursor.clone();
         tokio::spawn(async move {
-            let started = std::time::Instant::now();
             let args = FetchArgs {
                 topic: "events",
                 cursor: Some(cursor.as_bytes()),
-                wait_ms: 10_000,
+                wait_ms: 30_000,
                 ..Default::default()
             };
-            let page = broker.fetch(&args).await.unwrap();
-            (page.records.len(), started.elapsed())
+            broker.fetch(&args).await.unwrap().records.len()
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The produce must find the fetch parked, so that only the wake-up can answer it.
+    testing::until("the fetch is parked", || broker.parked_fetches("events") == 1).await;
     broker.produce("events", vec![record("k", "v".into())], &mut Spread::default()).await.unwrap();
-    let (count, waited) = waiter.await.unwrap();
-    assert_eq!(count, 1);
-    assert!(waited < std::time::Duration::from_secs(5), "woken by the produce, not the timeout");
+    // Well before the fetch's own 30 s deadline: only a wake-up answers it in time.
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(20), waiter).await;
+    assert_eq!(woken.expect("woken by the produce, not by its deadline").unwrap(), 1);
+    assert_eq!(broker.parked_fetches("events"), 0);
 
     broker.delete_topic("events").await.unwrap();
     assert_eq!(
@@ -202,4 +202,64 @@ async fn long_poll_wakes_on_produce_and_deleted_topics_come_back_new() {
     );
     let (fresh, _) = drain(&broker, "events", None).await;
     assert!(fresh.is_empty(), "the re-created topic starts empty");
+}
+
+/// Reasons the spec names: a range the topic never had is `no_such_range` (not `range_sealed`),
+/// and a cursor that is present but empty is `invalid_cursor` (only an absent one means "from
+/// the start").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_ranges_and_empty_cursors_get_the_spec_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path()).await;
+    broker.create_topic("spec", None, None).await.unwrap();
+    let [low, high] = broker.split("spec", 0).await.unwrap();
+    let refusals: Vec<(&str, String)> = vec![
+        ("split of a range never created", broker.split("spec", 99).await.unwrap_err().reason()),
+        ("split of a sealed range", broker.split("spec", 0).await.unwrap_err().reason()),
+        ("merge with an unknown range", broker.merge("spec", low, 99).await.unwrap_err().reason()),
+        ("merge of a sealed range", broker.merge("spec", 0, high).await.unwrap_err().reason()),
+    ];
+    let expected = ["no_such_range", "range_sealed", "no_such_range", "range_sealed"];
+    for ((what, reason), expected) in refusals.iter().zip(expected) {
+        assert_eq!(reason, expected, "{what}");
+    }
+    broker.produce("spec", vec![record("k", "v".into())], &mut Spread::default()).await.unwrap();
+    let empty =
+        broker.fetch(&FetchArgs { topic: "spec", cursor: Some(b""), ..Default::default() }).await;
+    assert_eq!(empty.unwrap_err().reason(), "invalid_cursor");
+    let absent = broker.fetch(&FetchArgs { topic: "spec", ..Default::default() }).await.unwrap();
+    assert_eq!(absent.records.len(), 1, "no cursor reads from the start");
+}
+
+/// A segment file that metadata lists and the disk lost is damage, reported as such: never
+/// counted as expired by a reader, never recreated empty under a producer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_segment_file_is_damage_not_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [("AUTO_SPLIT_ENABLED", "false")];
+    let broker = testing::open(testing::config(dir.path(), &settings)).await;
+    broker.create_topic("lost", None, None).await.unwrap();
+    let batch = || (0..5).map(|at| record("k", format!("v{at}"))).collect::<Vec<_>>();
+    broker.produce("lost", batch(), &mut Spread::default()).await.unwrap();
+    broker.roll(1, 0).await.unwrap();
+    broker.produce("lost", batch(), &mut Spread::default()).await.unwrap();
+    broker.shutdown().await;
+    drop(broker);
+    let range_dir = dir.path().join("topics").join("1").join("0");
+    let mut files: Vec<_> = std::fs::read_dir(&range_dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "seg"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "a sealed segment and the head");
+    std::fs::remove_file(&files[0]).unwrap();
+    std::fs::remove_file(&files[1]).unwrap();
+
+    let broker = testing::open(testing::config(dir.path(), &settings)).await;
+    let read = broker.fetch(&FetchArgs { topic: "lost", ..Default::default() }).await;
+    assert_eq!(read.unwrap_err().reason(), "storage_damaged", "not skipped as expired");
+    let produced = broker.produce("lost", batch(), &mut Spread::default()).await;
+    assert_eq!(produced.unwrap_err().reason(), "storage_damaged", "not recreated empty");
+    assert!(!files[1].exists(), "the lost head was not recreated");
 }

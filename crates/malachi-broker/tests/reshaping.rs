@@ -148,8 +148,8 @@ async fn retention_deletes_sealed_segments_and_readers_learn_what_they_skipped()
             })
             .collect();
         broker.produce("logs", records, &mut Spread::default()).await.unwrap();
-        // Let the size-triggered roll run before the next batch.
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // The size-triggered roll runs in the background: let it finish before the next batch.
+        testing::until("the roll is done", || broker.rolls_pending() == 0).await;
     }
     let info = broker.describe_topic("logs").await.unwrap();
     assert!(info.ranges[0].segments > 3, "segments rolled by size: {info:?}");
@@ -183,7 +183,7 @@ async fn pages_fit_the_frame_and_lose_nothing_across_segments() {
             0,
         );
         broker.produce("big", vec![record], &mut Spread::default()).await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        testing::until("the roll is done", || broker.rolls_pending() == 0).await;
     }
     let info = broker.describe_topic("big").await.unwrap();
     assert!(info.ranges.iter().any(|range| range.segments > 2), "segments rolled: {info:?}");

@@ -107,6 +107,11 @@ reasons! {
     StorageFailed = "storage_failed",
     /// The data disk is full; writes are refused until space is freed.
     DiskFull = "disk_full",
+    /// Stored records are damaged or missing (a bad frame, a lost segment file): served up to
+    /// the damage, refused past it, never silently skipped.
+    StorageDamaged = "storage_damaged",
+    /// A topic create beyond `MALACHI_MAX_TOPICS` or the creator's `MALACHI_MAX_TOPICS_PER_USER`.
+    TooManyTopics = "too_many_topics",
     /// One record's key, value and headers exceed the per-record limit.
     RecordTooLarge = "record_too_large",
     KeyTooLarge = "key_too_large",
@@ -289,6 +294,8 @@ mod tests {
             (Reason::Unfenced, true),
             (Reason::StorageFailed, false),
             (Reason::DiskFull, false),
+            (Reason::StorageDamaged, false),
+            (Reason::TooManyTopics, false),
             (Reason::RecordTooLarge, false),
             (Reason::NotBuddies, false),
             (Reason::InvalidRangeCount, false),

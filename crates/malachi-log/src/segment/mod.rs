@@ -513,7 +513,7 @@ impl Segment {
         mut position: u64,
         mut expected: u64,
         limits: &ReadLimits,
-    ) -> io::Result<(Vec<StoredRecord>, Option<(u64, FrameError)>)> {
+    ) -> io::Result<(Vec<StoredRecord>, Option<BadAt>)> {
         let mut reader = FrameReader::new(
             self.file.as_ref(),
             limits.data_end,
@@ -608,6 +608,9 @@ impl Segment {
         self.core.lock().expect("segment lock poisoned")
     }
 }
+
+/// A bad frame's position and what is wrong with it.
+type BadAt = (u64, FrameError);
 
 /// What recovery may do to an unsealed file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

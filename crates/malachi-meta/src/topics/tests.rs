@@ -181,7 +181,9 @@ fn create_honours_the_quota_it_carries() {
     let topics_2 = Quota { max_topics: Some(2), ..Quota::default() };
     let ranges_8 = Quota { max_active_ranges: Some(8), ..Quota::default() };
     let per_user_1 = Quota { max_topics_per_creator: Some(1), ..Quota::default() };
-    let cases: &[(&str, Quota, Option<&str>, u32, Option<&str>)] = &[
+    /// What, the quota, the creator, the range count, the refusal.
+    type Case<'a> = (&'a str, Quota, Option<&'a str>, u32, Option<&'a str>);
+    let cases: &[Case] = &[
         ("the third topic of two", topics_2, None, 1, Some("too_many_topics")),
         ("4 more ranges on top of 4", ranges_8, None, 4, None),
         ("8 more ranges on top of 4", ranges_8, None, 8, Some("too_many_ranges")),
