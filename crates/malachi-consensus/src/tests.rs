@@ -465,7 +465,7 @@ async fn proposals_survive_a_crash(mode: crate::WriterMode) {
         ..SimFaults::default()
     });
     let dir = std::path::Path::new("/node");
-    sim.create_dir_all(dir).unwrap();
+    malachi_log::create_dir_durable(&sim, std::path::Path::new("/"), dir).unwrap();
     let path = dir.join("raft.redb");
     let mut model = Counters::empty();
     {
@@ -481,8 +481,8 @@ async fn proposals_survive_a_crash(mode: crate::WriterMode) {
     }
     sim.restart();
     let file = sim.open(&path, OpenMode::Existing).unwrap();
-    let store = GroupStore::open_with_backend(crate::StorageFileBackend::new(file), mode)
-        .expect("reopen store");
+    let backend = crate::StorageFileBackend::after_restart(file).unwrap();
+    let store = GroupStore::open_with_backend(backend, mode).expect("reopen store");
     let group = open_group(&store, 3, fast_config(16)).await;
     assert_eq!(group.read(|machine| machine.snapshot()), model.snapshot());
     group.shutdown().await.expect("shutdown");
