@@ -281,7 +281,10 @@ impl Broker {
                     }
                     other => other,
                 }
-                .map_err(DataError::from)?;
+                .map_err(|error| {
+                    tracing::warn!(?key, %error, "a segment read failed");
+                    DataError::from(error)
+                })?;
             let got = batch.records.len();
             if got == 0 {
                 // Metadata says records lie here and the segment has none to give (a sealed

@@ -187,8 +187,9 @@ impl Broker {
         let key = SegmentKey { topic_id, range_id, segment_id };
         let segment = self.segment(key).await?;
         let info = self.data.seal(std::sync::Arc::clone(&segment)).await.map_err(|error| {
-            // A failed seal poisons the head: forget the handle so the next use reopens the
-            // file cut back to what is durable, and the fence can be tried again.
+            // A failed seal poisons the head: forget the handle so the next use recovers the
+            // file from what is on the disk, and the fence can be tried again.
+            tracing::error!(?key, %error, "sealing a write head failed on storage");
             self.data.evict_poisoned(key, &segment);
             LogError::Storage {
                 reason: "unfenced",

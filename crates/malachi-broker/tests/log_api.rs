@@ -263,3 +263,40 @@ async fn a_lost_segment_file_is_damage_not_expiry() {
     assert_eq!(produced.unwrap_err().reason(), "storage_damaged", "not recreated empty");
     assert!(!files[1].exists(), "the lost head was not recreated");
 }
+
+/// A delete whose file removal never ran (a crash right after metadata dropped the topic)
+/// finishes on the next retention pass, with no retention configured at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_interrupted_before_its_files_went_finishes_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path()).await;
+    broker.create_topic("gone", Some(4), None).await.unwrap();
+    broker.produce("gone", vec![record("k", "v".into())], &mut Spread::default()).await.unwrap();
+    // Metadata forgets the topic; the process "dies" before it deletes a single file.
+    let command = malachi_meta::MetaCommand::DeleteTopic { name: "gone".into() };
+    broker.meta_group().propose(command).await.unwrap().unwrap();
+    broker.shutdown().await;
+    drop(broker);
+    let topic_dir = dir.path().join("topics").join("1");
+    let segment_files = |dir: &std::path::Path| -> usize {
+        walk(dir).iter().filter(|path| path.extension().is_some_and(|ext| ext == "seg")).count()
+    };
+    assert_eq!(segment_files(&topic_dir), 4);
+    let broker = open(dir.path()).await;
+    broker.run_retention().await.unwrap();
+    assert_eq!(segment_files(&topic_dir), 0, "the interrupted delete finished");
+    assert!(broker.meta_group().read(|meta| meta.0.pending_reclaim().is_empty()));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(walk(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}

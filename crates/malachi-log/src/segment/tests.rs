@@ -555,9 +555,9 @@ fn a_failed_sync_is_not_trusted_after_a_restart() {
         sim.restart();
         let (segment, _) = Segment::open(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
         let after = read_readable(&segment);
-        let kept = after.iter().any(|stored| {
-            stored.offset == acked.first_offset && stored.record.value == "after-0"
-        });
+        let kept = after
+            .iter()
+            .any(|stored| stored.offset == acked.first_offset && stored.record.value == "after-0");
         if trust_page_cache {
             assert_eq!(served, 5, "the canary serves the clean, unwritten pages");
             assert!(!kept, "and loses the record acknowledged after them");
