@@ -79,8 +79,11 @@ pub enum IoMode {
 #[derive(Debug)]
 pub struct Opened {
     pub segment: Arc<Segment>,
-    /// The file was created by this call: the caller reports it to metadata.
-    pub created: bool,
+    /// This call opened the file (it was not open): the caller may act on what it found.
+    pub fresh: bool,
+    /// Metadata has not heard that this node's file exists (it was created now, or by a call
+    /// whose report was lost): the caller reports it.
+    pub report_created: bool,
 }
 
 /// Recovery reports kept for inspection.
@@ -104,7 +107,9 @@ pub struct DataPlane {
     root: PathBuf,
     config: SegmentConfig,
     open_segments_max: usize,
-    open: Mutex<OpenSegments>,
+    /// Shared with the blocking open tasks, which register what they open before they let go
+    /// of the segment's gate.
+    open: Arc<Mutex<OpenSegments>>,
     /// One gate per segment being opened, created or removed.
     gates: Mutex<BTreeMap<SegmentKey, Arc<tokio::sync::Mutex<()>>>>,
     /// Range directories made durable by this process.
@@ -215,7 +220,7 @@ impl DataPlane {
             root: data_dir.join("topics"),
             config,
             open_segments_max: OPEN_SEGMENTS_MAX_DEFAULT,
-            open: Mutex::new(OpenSegments::default()),
+            open: Arc::new(Mutex::new(OpenSegments::default())),
             gates: Mutex::new(BTreeMap::new()),
             durable_dirs: Mutex::new(BTreeSet::new()),
             recoveries: Mutex::new(VecDeque::new()),
@@ -245,12 +250,20 @@ impl DataPlane {
 
     /// `(durable_offset, durable_bytes)` of a segment that is open or closed cleanly; no I/O.
     pub fn durable_end(&self, key: SegmentKey) -> Option<(u64, u64)> {
-        let open = self.lock_open();
-        if let Some(handle) = open.handles.get(&key) {
-            let status = handle.segment.status();
-            return Some((status.durable_offset, status.durable_bytes));
-        }
-        open.closed.get(&key).map(|clean| (clean.durable_offset, clean.durable_bytes))
+        // The segment's own lock may be held across a seal's fsync: never wait for it while
+        // holding the map's.
+        let segment = {
+            let open = self.lock_open();
+            match open.handles.get(&key) {
+                Some(handle) => Arc::clone(&handle.segment),
+                None => {
+                    let clean = open.closed.get(&key)?;
+                    return Some((clean.durable_offset, clean.durable_bytes));
+                }
+            }
+        };
+        let status = segment.status();
+        Some((status.durable_offset, status.durable_bytes))
     }
 
     /// The handle if the segment is open now; no I/O.
@@ -261,18 +274,22 @@ impl DataPlane {
     /// The open segment, opening (recovering, or creating) its file on first use. `listed` is
     /// asked under the segment's gate, right before any file is touched, so an answer about a
     /// segment being deleted is never stale by the time a file would be created.
+    ///
+    /// Cancellation-safe: the gate travels with the blocking work, and the task registers the
+    /// handle it opened before letting the gate go, so a caller that stops waiting never leaves
+    /// a half-done open that a second open could race (two handles on one file could both
+    /// write).
     pub async fn open(
         &self,
         key: SegmentKey,
         listed: impl FnOnce() -> Option<Listed>,
     ) -> Result<Opened, DataError> {
         if let Some(segment) = self.peek(key) {
-            return Ok(Opened { segment, created: false });
+            return Ok(Opened { segment, fresh: false, report_created: false });
         }
         let gate = self.gate(key);
-        let held = gate.lock().await;
-        let outcome = self.open_gated(key, listed).await;
-        drop(held);
+        let held = Arc::clone(&gate).lock_owned().await;
+        let outcome = self.open_gated(key, listed, held).await;
         self.release_gate(key, gate);
         outcome
     }
@@ -281,9 +298,10 @@ impl DataPlane {
         &self,
         key: SegmentKey,
         listed: impl FnOnce() -> Option<Listed>,
+        held: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<Opened, DataError> {
         if let Some(segment) = self.peek(key) {
-            return Ok(Opened { segment, created: false });
+            return Ok(Opened { segment, fresh: false, report_created: false });
         }
         let listed = listed().ok_or(DataError::Gone(key))?;
         let clean = self.lock_open().closed.remove(&key);
@@ -304,8 +322,24 @@ impl DataPlane {
             clean,
             ensure_dir,
         };
-        let opened = self.run(move || task.run()).await;
-        let (segment, created, report) = match opened {
+        let open = Arc::clone(&self.open);
+        let open_max = self.open_segments_max;
+        let opened = self
+            .run(move || {
+                let opened = task.run()?;
+                let segment = Arc::new(opened.0);
+                let closed = open.lock().expect("data plane lock poisoned").insert(
+                    key,
+                    Arc::clone(&segment),
+                    open_max,
+                );
+                // Closed handles close their files here, outside the lock; the gate goes last.
+                drop(closed);
+                drop(held);
+                Ok::<_, DataError>((segment, opened.1))
+            })
+            .await;
+        let (segment, report) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 tracing::warn!(?key, %error, "opening a segment failed");
@@ -316,10 +350,8 @@ impl DataPlane {
         if let Some(report) = report {
             self.note_recovery(key, report);
         }
-        let segment = Arc::new(segment);
-        let closed = self.lock_open().insert(key, Arc::clone(&segment), self.open_segments_max);
-        drop(closed);
-        Ok(Opened { segment, created })
+        let report_created = listed == Listed::ActiveUnborn;
+        Ok(Opened { segment, fresh: true, report_created })
     }
 
     fn gate(&self, key: SegmentKey) -> Arc<tokio::sync::Mutex<()>> {
@@ -397,7 +429,7 @@ impl DataPlane {
     /// lists the segment, so no open can create it again once this holds its gate.
     pub async fn remove(&self, key: SegmentKey) -> Result<(), DataError> {
         let gate = self.gate(key);
-        let held = gate.lock().await;
+        let held = Arc::clone(&gate).lock_owned().await;
         {
             let mut open = self.lock_open();
             open.remove(&key);
@@ -405,8 +437,15 @@ impl DataPlane {
         }
         let storage = Arc::clone(&self.storage);
         let dir = self.range_dir(key.topic_id, key.range_id);
-        let outcome = self.run(move || remove_files(&*storage, &dir, key.segment_id)).await;
-        drop(held);
+        // The gate travels with the deletion, so a cancelled caller never lets an open in
+        // while the files are half gone.
+        let outcome = self
+            .run(move || {
+                let removed = remove_files(&*storage, &dir, key.segment_id);
+                drop(held);
+                removed
+            })
+            .await;
         self.release_gate(key, gate);
         outcome.map_err(|error| {
             tracing::warn!(?key, %error, "deleting a segment's files failed");
@@ -446,7 +485,7 @@ enum EnsureDir {
     WithoutSync,
 }
 
-type OpenOutcome = Result<(Segment, bool, Option<RecoveryReport>), DataError>;
+type OpenOutcome = Result<(Segment, Option<RecoveryReport>), DataError>;
 
 impl OpenTask {
     fn run(self) -> OpenOutcome {
@@ -454,7 +493,7 @@ impl OpenTask {
         if let Some(clean) = self.clean {
             let storage = Arc::clone(&self.storage);
             match Segment::reopen_clean(storage, &self.dir, key.segment_id, self.config, clean) {
-                Ok(segment) => return Ok((segment, false, None)),
+                Ok(segment) => return Ok((segment, None)),
                 Err(error) => tracing::warn!(?key, %error, "a closed segment changed; recovering"),
             }
         }
@@ -479,7 +518,7 @@ impl OpenTask {
         }
         let storage = Arc::clone(&self.storage);
         Segment::create(storage, &self.dir, self.key.segment_id, self.config)
-            .map(|segment| (segment, true, None))
+            .map(|segment| (segment, None))
             .map_err(|source| DataError::Open { key: self.key, source })
     }
 
@@ -487,16 +526,18 @@ impl OpenTask {
         let key = self.key;
         let storage = Arc::clone(&self.storage);
         let opened = match self.listed {
-            // A sealed segment's file is never cut: anything wrong with it is damage.
-            Listed::Sealed { .. } => {
+            // A sealed segment's file is never cut: anything wrong with it is damage, and so is
+            // ending short of the length metadata recorded.
+            Listed::Sealed { end_offset } => {
                 Segment::open_read_only(storage, &self.dir, key.segment_id, self.config)
+                    .inspect(|(segment, _)| segment.expect_end(end_offset))
             }
             Listed::ActiveUnborn | Listed::ActiveCreated => {
                 Segment::open(storage, &self.dir, key.segment_id, self.config)
             }
         };
         match opened {
-            Ok((segment, report)) => Ok((segment, false, Some(report))),
+            Ok((segment, report)) => Ok((segment, Some(report))),
             Err(OpenError::BadHeader(error)) => {
                 let sealed = matches!(self.listed, Listed::Sealed { .. });
                 if !sealed && malachi_log::is_unborn(&*self.storage, &self.dir, key.segment_id)? {

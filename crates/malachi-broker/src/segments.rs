@@ -21,11 +21,20 @@ impl Broker {
         self.meta.read(|meta| listed_in(&meta.0, key, self.node_id))
     }
 
-    /// The segment, opened (recovered, or created if it never was) as metadata says.
+    /// The segment, opened (recovered, or created if it never was) as metadata says. A head
+    /// that recovery found damaged (it reports itself sealed) is rolled at once, so readers of
+    /// its range meet the damage and the range takes writes again without waiting for a
+    /// produce.
     pub(crate) async fn segment(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
         let opened = self.data.open(key, || self.listed(key)).await?;
-        if opened.created {
+        if opened.report_created {
             self.report_created(vec![key.segment_id]).await;
+        }
+        if opened.fresh
+            && opened.segment.status().sealed.is_some()
+            && matches!(self.listed(key), Some(Listed::ActiveCreated | Listed::ActiveUnborn))
+        {
+            self.request_roll(key.topic_id, key.range_id);
         }
         Ok(opened.segment)
     }
@@ -35,7 +44,7 @@ impl Broker {
         let mut created = Vec::new();
         for &key in keys {
             let opened = self.data.open(key, || self.listed(key)).await?;
-            if opened.created {
+            if opened.report_created {
                 created.push(key.segment_id);
             }
         }

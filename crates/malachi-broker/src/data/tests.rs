@@ -40,7 +40,7 @@ fn a_missing_file_is_created_only_if_it_never_was() {
         let data = plane(&sim, 16);
         let outcome = block_on(data.open(key(1), || *listed));
         let got = match outcome {
-            Ok(opened) if opened.created => "created",
+            Ok(opened) if opened.report_created => "created",
             Ok(_) => "opened",
             Err(DataError::Damaged { .. }) => "damaged",
             Err(DataError::Gone(_)) => "gone",
@@ -68,7 +68,9 @@ fn an_unborn_file_is_created_again_unless_sealed() {
         data.forget(key(1));
         let outcome = block_on(data.open(key(1), || Some(*listed)));
         assert_eq!(outcome.is_ok(), *recreated, "{listed:?}: {outcome:?}");
-        assert_eq!(outcome.map(|opened| opened.created).unwrap_or(false), *recreated);
+        if let Ok(opened) = outcome {
+            assert_eq!(opened.segment.durable_offset(), 0, "a new, empty segment");
+        }
     }
 }
 
@@ -125,4 +127,31 @@ fn an_open_after_a_delete_creates_no_orphan() {
     let outcome = block_on(data.open(key(1), || None));
     assert!(matches!(outcome, Err(DataError::Gone(_))), "{outcome:?}");
     assert!(!sim.exists(&data.segment_path(key(1))).unwrap(), "no orphan file");
+}
+
+/// A sealed segment whose file ends short of the length metadata recorded (its trailer and last
+/// frames lost at a frame boundary) refuses reads from where it ends, rather than answering as if
+/// nothing more was ever written.
+#[test]
+fn a_sealed_segment_shorter_than_recorded_is_damage() {
+    let sim = SimStorage::new(6);
+    let data = plane(&sim, 16);
+    let segment = block_on(data.open(key(1), || Some(Listed::ActiveUnborn))).unwrap().segment;
+    segment.append(&records(3)).unwrap();
+    let two_records = {
+        let batch = segment.read(0, 2, u64::MAX).unwrap();
+        assert_eq!(batch.records.len(), 2);
+        segment.read(2, 1, u64::MAX).unwrap();
+        // Position of the third frame: header plus the first two frames.
+        32 + records(2).iter().map(malachi_log::format::frame_bytes).sum::<u64>()
+    };
+    segment.seal().unwrap();
+    drop(segment);
+    data.forget(key(1));
+    sim.truncate(&data.segment_path(key(1)), two_records).unwrap();
+    let segment =
+        block_on(data.open(key(1), || Some(Listed::Sealed { end_offset: 3 }))).unwrap().segment;
+    assert_eq!(segment.read(0, 10, u64::MAX).unwrap().records.len(), 2);
+    assert!(matches!(segment.read(2, 10, u64::MAX), Err(ReadError::Corrupt { .. })));
+    assert_eq!(sim.written_bytes(&data.segment_path(key(1))).unwrap().len() as u64, two_records);
 }

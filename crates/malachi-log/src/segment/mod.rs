@@ -22,8 +22,8 @@ use self::core::{Core, FlushJob};
 use self::scan::{AfterBadFrame, FrameReader};
 use crate::error::{AppendError, OpenError, PoisonCause, ReadError, SealError};
 use crate::format::{
-    FrameError, FrameKind, SEAL_TRAILER_BYTES, SEGMENT_HEADER_BYTES, SealTrailer, SegmentHeader,
-    check_frame,
+    FRAME_HEADER_BYTES, FrameError, FrameKind, SEAL_TRAILER_BYTES, SEGMENT_HEADER_BYTES,
+    SealTrailer, SegmentHeader, check_frame,
 };
 use crate::index::SparseIndex;
 use crate::limits::Limits;
@@ -241,24 +241,37 @@ impl Segment {
         Ok((Segment::assemble(segment_id, storage, index_path, file, config, core), report))
     }
 
-    /// Closes an idle segment for a later [`Segment::reopen_clean`]: writes its index sidecar
-    /// and returns where it ends. `None` (and nothing closed) if anything is staged, flushing,
-    /// poisoned or damaged. The caller must drop its last handle afterwards.
+    /// Closes an idle segment for a later [`Segment::reopen_clean`]: returns where it ends, with
+    /// no I/O and without waiting (callers hold other locks). `None` (and nothing closed) if
+    /// anything is staged, flushing, poisoned or damaged, or its lock is busy. The caller must
+    /// drop its last handle afterwards.
     pub fn close_clean(&self) -> Option<CleanClose> {
-        let core = self.lock();
+        let core = self.core.try_lock().ok()?;
         if !core.is_idle() {
             return None;
         }
-        let clean = CleanClose {
+        Some(CleanClose {
             durable_offset: core.durable_offset,
             durable_bytes: core.durable_bytes,
             sealed: core.sealed.is_some(),
-        };
-        if !clean.sealed {
-            // Derived data: if it cannot be written, the reopen rebuilds it with one scan.
-            let _ = write_index(&*self.storage, &self.index_path, &core.index.encode());
+        })
+    }
+
+    /// Records that metadata sealed this segment at `end_offset`: if the file holds fewer
+    /// records, reads from its end on are refused as damage rather than answered as if the
+    /// records were not there yet.
+    pub fn expect_end(&self, end_offset: u64) {
+        let mut core = self.lock();
+        if core.damage.is_none() && core.durable_offset < end_offset {
+            let missing =
+                FrameError::Incomplete { available: 0, needed: FRAME_HEADER_BYTES as u64 };
+            core.damage = Some(Damage {
+                position: core.durable_bytes,
+                offset: core.durable_offset,
+                error: missing,
+                frames_after: 0,
+            });
         }
-        Some(clean)
     }
 
     /// Reopens a segment this process closed cleanly: nothing is synced, dropped or scanned
@@ -795,7 +808,8 @@ fn recover_unsealed(
     });
     if let Some((position, error)) = outcome.stop.filter(|_| seal.is_none()) {
         let chunk_bytes = config.read_chunk_bytes as usize;
-        let after = scan::frames_after(file, file_len, position, chunk_bytes)?;
+        let bad = (position, outcome.end_offset);
+        let after = scan::frames_after(file, file_len, bad, chunk_bytes)?;
         if recovery == Recovery::ReadOnly || is_damage(&after, position, config) {
             let damage = Damage {
                 position,
@@ -806,7 +820,9 @@ fn recover_unsealed(
             report.damage = Some(damage);
             let mut core =
                 core_at(header, outcome.end_offset, position, outcome.index, None, config);
+            // `frames_after` keeps offsets below u64::MAX and at or above the damage.
             let end_offset = after.last_offset.map_or(outcome.end_offset, |last| last + 1);
+            assert!(end_offset >= outcome.end_offset, "a damaged segment ends after its damage");
             let data_bytes = after.last_end.max(position);
             core.sealed = Some(SealInfo { end_offset, data_bytes });
             core.damage = Some(damage);

@@ -210,32 +210,71 @@ pub(crate) struct AfterBadFrame {
     pub last_offset: Option<u64>,
 }
 
-/// Looks for valid record frames after the bad frame at `bad_position`, resynchronising over
-/// every bad stretch, without changing the file.
+/// Looks for valid record frames after the bad frame at `bad_position` (which held offset
+/// `bad_offset`), resynchronising over every bad stretch, without changing the file. Only
+/// frames whose offsets rise from `bad_offset` on count: a checksum-valid frame elsewhere (one
+/// found inside another frame's payload, say a record that carries a segment file as its value)
+/// is not one of this segment's records.
 pub(crate) fn frames_after(
     file: &dyn StorageFile,
     file_len: u64,
-    bad_position: u64,
+    (bad_position, bad_offset): (u64, u64),
     chunk_bytes: usize,
 ) -> io::Result<AfterBadFrame> {
     let mut reader = FrameReader::new(file, file_len, chunk_bytes);
     let mut after = AfterBadFrame { last_end: bad_position, ..AfterBadFrame::default() };
-    let mut position = resync(&mut reader, bad_position + 1)?;
+    // A bad frame whose magic and length are intact still owns the bytes its length claims:
+    // frames inside them are its payload, not records. Only a damaged length is resynchronised
+    // byte by byte.
+    let skip_to = match claimed_end(file, bad_position)? {
+        Some(end) if end >= file_len => return Ok(after),
+        Some(end) => end,
+        None => bad_position + 1,
+    };
+    let mut position = resync(&mut reader, skip_to)?;
     while position < file_len {
-        match reader.check_at(position)? {
-            Ok(frame) => {
-                if let FrameKind::Record { offset, batch_start } = frame.kind {
-                    after.valid_frames += 1;
-                    after.batch_start_seen |= batch_start;
-                    after.last_end = position + frame.frame_bytes;
-                    after.last_offset = Some(offset);
-                }
+        let frame = match reader.check_at(position)? {
+            Ok(frame) => frame,
+            Err(_) => {
+                position = resync(&mut reader, position + 1)?;
+                continue;
+            }
+        };
+        match frame.kind {
+            FrameKind::Record { offset, batch_start }
+                if offset >= bad_offset
+                    && after.last_offset.is_none_or(|last| offset > last)
+                    && offset < u64::MAX =>
+            {
+                after.valid_frames += 1;
+                after.batch_start_seen |= batch_start;
+                after.last_end = position + frame.frame_bytes;
+                after.last_offset = Some(offset);
                 position += frame.frame_bytes;
             }
-            Err(_) => position = resync(&mut reader, position + 1)?,
+            FrameKind::Seal(_) => position += frame.frame_bytes,
+            FrameKind::Record { .. } => position = resync(&mut reader, position + 1)?,
         }
     }
     Ok(after)
+}
+
+/// Where the frame at `position` ends by its own length field, if its magic is a frame magic and
+/// its length within the format's bounds (whatever its checksum says).
+fn claimed_end(file: &dyn StorageFile, position: u64) -> io::Result<Option<u64>> {
+    let mut header = [0u8; 6];
+    if file.read_at(&mut header, position)? < header.len() {
+        return Ok(None);
+    }
+    let length = u32::from_le_bytes(header[2..6].try_into().expect("four bytes"));
+    let plausible = match [header[0], header[1]] {
+        format::RECORD_MAGIC => {
+            (format::RECORD_FIXED_BYTES as u32..=format::FRAME_PAYLOAD_BYTES_MAX).contains(&length)
+        }
+        format::SEAL_MAGIC => length as usize == format::SEAL_PAYLOAD_BYTES,
+        _ => false,
+    };
+    Ok(plausible.then(|| position + FRAME_HEADER_BYTES as u64 + u64::from(length)))
 }
 
 /// The first position at or after `from` where a whole valid frame starts, or the end.

@@ -624,6 +624,27 @@ fn damage_inside_the_last_write_is_a_torn_tail() {
     assert_eq!(segment.append(&records(1, "next")).unwrap().first_offset, 3);
 }
 
+/// A record may carry a whole segment frame in its value (a backup, a mirror). When such a
+/// record is the torn last write, the frame inside it must not pass for a later write.
+#[test]
+fn a_frame_inside_a_torn_record_is_not_a_later_write() {
+    let sim = SimStorage::new(26);
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    segment.append(&records(2, "first")).unwrap();
+    let torn_at = segment.status().durable_bytes;
+    let mut inner = Vec::new();
+    crate::format::encode_record(&mut inner, 7, &records(1, "inner")[0], true);
+    let carrier = Record::keyed("k", Bytes::from([vec![0u8; 200], inner.clone()].concat()), 1);
+    segment.append(&[carrier]).unwrap();
+    drop(segment);
+    let (path, _) = segment_paths(&dir(), 1);
+    sim.flip_bit(&path, torn_at + 12, 1).unwrap();
+    let (segment, report) = Segment::open(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();
+    assert_eq!((report.records, report.damage, report.valid_frames_cut), (2, None, 0));
+    assert_eq!(segment.append(&records(1, "next")).unwrap().first_offset, 2);
+}
+
 #[test]
 fn a_clean_close_reopens_without_a_scan() {
     let sim = SimStorage::new(25);

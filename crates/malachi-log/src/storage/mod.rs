@@ -16,10 +16,11 @@ pub use real::RealStorage;
 pub use sim::{SimFaults, SimStorage};
 
 /// Creates `dir` and every missing directory between `root` and it, and makes each of them
-/// durable: a new directory's entry lives in its parent, so each level's parent is synced. The
-/// innermost directory's parent is synced even when the directory already existed, because an
-/// earlier attempt may have created it and stopped before that sync. `root` must already be
-/// durable (the data directory, made so at boot).
+/// durable: a new directory's entry lives in its parent, so each level's parent is synced. Every
+/// level's parent is synced, even where the directory already existed, because an earlier
+/// attempt may have created it and stopped before that sync (a few syncs, once per directory
+/// and process: the caller remembers what it made durable). `root` must already be durable (the
+/// data directory, made so at boot).
 pub fn create_dir_durable(storage: &dyn Storage, root: &Path, dir: &Path) -> io::Result<()> {
     assert!(dir.starts_with(root), "{} is not under {}", dir.display(), root.display());
     // The filesystem root has no parent and always exists.
@@ -31,13 +32,10 @@ pub fn create_dir_durable(storage: &dyn Storage, root: &Path, dir: &Path) -> io:
             Some(parent) => parent,
             None => unreachable!("a level below root has a parent"),
         };
-        let created = !storage.exists(level)?;
-        if created {
+        if !storage.exists(level)? {
             storage.create_dir_all(level)?;
         }
-        if created || level == dir {
-            storage.sync_dir(parent)?;
-        }
+        storage.sync_dir(parent)?;
     }
     Ok(())
 }

@@ -52,12 +52,18 @@ fn a_directory_survives_a_power_loss_only_if_its_parent_was_synced() {
 /// the next attempt must still make it durable.
 #[test]
 fn a_half_made_directory_is_made_durable_by_the_next_attempt() {
-    let sim = SimStorage::new(3);
-    create_dir_durable(&sim, Path::new("/"), Path::new("/data")).unwrap();
-    sim.create_dir_all(Path::new("/data/a")).unwrap();
-    create_dir_durable(&sim, Path::new("/data"), Path::new("/data/a")).unwrap();
-    sim.restart();
-    assert!(sim.exists(Path::new("/data/a")).unwrap());
+    // Which levels an earlier attempt created (without syncing) before it stopped.
+    let cases: &[&[&str]] = &[&["/data/a"], &["/data/a", "/data/a/b"], &["/data/a/b"]];
+    for made in cases {
+        let sim = SimStorage::new(3);
+        create_dir_durable(&sim, Path::new("/"), Path::new("/data")).unwrap();
+        for dir in *made {
+            sim.create_dir_all(Path::new(dir)).unwrap();
+        }
+        create_dir_durable(&sim, Path::new("/data"), Path::new("/data/a/b/c")).unwrap();
+        sim.restart();
+        assert!(sim.exists(Path::new("/data/a/b/c")).unwrap(), "{made:?}");
+    }
 }
 
 #[test]
