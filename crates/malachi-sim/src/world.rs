@@ -152,6 +152,8 @@ struct Swarm {
     damage_every_ms: Option<u64>,
     /// How long damage stays before it is repaired (as re-replication from a healthy copy would).
     damage_ms: u64,
+    /// In thousandths, how much damage strikes an active segment rather than a sealed one.
+    damage_active_per_mille: u64,
     producers: Vec<(ProducerMode, u64)>,
     cursor_readers: u64,
     group_member: bool,
@@ -210,6 +212,7 @@ impl Swarm {
             clock_jump_every_ms,
             damage_every_ms,
             damage_ms,
+            damage_active_per_mille: 500,
             producers,
             cursor_readers: pick(&[1, 2]),
             group_member: pick(&[0, 1]) == 1,
@@ -241,7 +244,8 @@ impl Swarm {
                 swarm.process_crash_per_mille = 0;
             }
             Some(Canary::CutDamage) => {
-                swarm.damage_every_ms = Some(500);
+                swarm.damage_every_ms = Some(200);
+                swarm.damage_active_per_mille = 1000;
                 swarm.crash_every_ms = None;
             }
             None => {}
@@ -492,10 +496,10 @@ impl World {
             && self.damage.is_none()
             && self.rng.chance(1, every)
         {
-            if self.rng.chance(1, 2) {
-                self.damage_sealed_segment();
-            } else {
+            if self.rng.chance(self.swarm.damage_active_per_mille, 1000) {
                 self.damage_active_segment();
+            } else {
+                self.damage_sealed_segment();
             }
         }
         if self.damage.as_ref().is_some_and(|damage| self.now_ms >= damage.until_ms) {
