@@ -27,6 +27,8 @@ pub struct BrokerConfig {
     pub group_commit_linger_us: u64,
     pub group_commit_max_records: u32,
     pub group_commit_max_bytes: u64,
+    /// How a group-commit round that wrote several segments makes them durable.
+    pub group_commit_barrier: crate::data::Barrier,
     pub retention_max_age_ms: Option<u64>,
     pub retention_max_bytes: Option<u64>,
     pub retention_interval_ms: u64,
@@ -142,6 +144,7 @@ impl BrokerConfig {
             group_commit_max_records: sources.number("GROUP_COMMIT_FLUSH_MAX_RECORDS", 20_000)?,
             group_commit_max_bytes: sources
                 .number("GROUP_COMMIT_FLUSH_MAX_BYTES", 8 * 1024 * 1024)?,
+            group_commit_barrier: barrier(sources)?,
             retention_max_age_ms: sources.optional("RETENTION_MAX_AGE_MS", "milliseconds")?,
             retention_max_bytes: sources.optional("RETENTION_MAX_BYTES", "bytes")?,
             retention_interval_ms: sources.number("RETENTION_INTERVAL_MS", 60_000)?,
@@ -216,6 +219,20 @@ impl BrokerConfig {
             }
         }
         Ok(())
+    }
+}
+
+fn barrier(sources: &Sources<'_>) -> Result<crate::data::Barrier, ConfigError> {
+    use crate::data::Barrier;
+    match sources.raw("GROUP_COMMIT_BARRIER") {
+        None => Ok(Barrier::default()),
+        Some((variable, value)) => match value.trim() {
+            "files" => Ok(Barrier::Files),
+            "filesystem" => Ok(Barrier::Filesystem),
+            _ => {
+                Err(ConfigError::Invalid { name: variable, value, expected: "files or filesystem" })
+            }
+        },
     }
 }
 

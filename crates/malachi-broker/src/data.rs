@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use malachi_log::{
-    AppendError, AppendTicket, CleanClose, OpenError, ReadBatch, ReadError, Record, RecoveryReport,
-    SealError, SealInfo, Segment, SegmentConfig, Storage, create_dir_durable, segment_paths,
+    AppendError, AppendTicket, CleanClose, CommitStats, Committer, OpenError, ReadBatch, ReadError,
+    Record, RecoveryReport, SealError, SealInfo, Segment, SegmentConfig, Storage,
+    create_dir_durable, segment_paths,
 };
 
 /// Names one segment on this node.
@@ -62,6 +63,37 @@ pub enum DataError {
     Gone(SegmentKey),
     #[error("storage: {0}")]
     Io(#[from] io::Error),
+}
+
+/// How a round of the group commit that wrote several segments makes them durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Barrier {
+    /// `fdatasync` of each written file, issued together.
+    #[default]
+    Files,
+    /// One `syncfs` of the data directory's filesystem: faster on a filesystem of its own, but
+    /// it also flushes every other writer of a shared one.
+    Filesystem,
+}
+
+/// Threads that issue one round's `fdatasync`s together.
+const PARALLEL_SYNCS: usize = 16;
+
+fn committer_for(
+    storage: &dyn Storage,
+    data_dir: &Path,
+    config: &SegmentConfig,
+    io_mode: IoMode,
+    barrier: Barrier,
+) -> io::Result<Arc<Committer>> {
+    // Opened before any segment write, so it sees every write-back error after boot.
+    let filesystem = match barrier {
+        Barrier::Filesystem => Some(storage.filesystem_sync(data_dir)?),
+        Barrier::Files => None,
+    };
+    let parallel = if io_mode == IoMode::Inline { 1 } else { PARALLEL_SYNCS };
+    let linger = std::time::Duration::from_micros(config.group_commit.linger_us);
+    Ok(Committer::new(filesystem, parallel, linger))
 }
 
 /// Where blocking storage calls run.
@@ -106,6 +138,8 @@ pub struct DataPlane {
     data_dir: PathBuf,
     root: PathBuf,
     config: SegmentConfig,
+    /// The node's group commit: every segment's staged records are made durable together.
+    committer: Arc<Committer>,
     open_segments_max: usize,
     /// Shared with the blocking open tasks, which register what they open before they let go
     /// of the segment's gate.
@@ -203,7 +237,12 @@ impl OpenSegments {
 }
 
 impl DataPlane {
-    pub fn new(storage: Arc<dyn Storage>, data_dir: &Path, config: SegmentConfig) -> DataPlane {
+    /// The data plane of the node whose data directory `data_dir` exists, durably.
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        data_dir: &Path,
+        config: SegmentConfig,
+    ) -> io::Result<DataPlane> {
         DataPlane::with_io_mode(storage, data_dir, config, IoMode::Threads)
     }
 
@@ -212,20 +251,36 @@ impl DataPlane {
         data_dir: &Path,
         config: SegmentConfig,
         io_mode: IoMode,
-    ) -> DataPlane {
-        DataPlane {
+    ) -> io::Result<DataPlane> {
+        let committer = committer_for(&*storage, data_dir, &config, io_mode, Barrier::Files)?;
+        Ok(DataPlane {
             io_mode,
             storage,
             data_dir: data_dir.to_path_buf(),
             root: data_dir.join("topics"),
             config,
+            committer,
             open_segments_max: OPEN_SEGMENTS_MAX_DEFAULT,
             open: Arc::new(Mutex::new(OpenSegments::default())),
             gates: Mutex::new(BTreeMap::new()),
             durable_dirs: Mutex::new(BTreeSet::new()),
             recoveries: Mutex::new(VecDeque::new()),
             canary_skip_dir_sync: false,
-        }
+        })
+    }
+
+    /// Ends rounds of several segments with one `syncfs` instead of an `fdatasync` per file
+    /// (`MALACHI_GROUP_COMMIT_BARRIER=filesystem`). Before the first segment opens.
+    pub fn with_barrier(mut self, barrier: Barrier) -> io::Result<DataPlane> {
+        assert_eq!(self.open_segments(), 0, "the barrier is chosen before segments open");
+        self.committer =
+            committer_for(&*self.storage, &self.data_dir, &self.config, self.io_mode, barrier)?;
+        Ok(self)
+    }
+
+    /// Rounds of the node's group commit so far, and the barriers they cost.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.committer.stats()
     }
 
     /// The simulator's canary (see `Canaries::skip_dir_sync`); never set elsewhere.
@@ -314,6 +369,7 @@ impl DataPlane {
         };
         let task = OpenTask {
             storage: Arc::clone(&self.storage),
+            committer: Arc::clone(&self.committer),
             data_dir: self.data_dir.clone(),
             dir: self.range_dir(key.topic_id, key.range_id),
             config: self.config,
@@ -327,7 +383,7 @@ impl DataPlane {
         let opened = self
             .run(move || {
                 let opened = task.run()?;
-                let segment = Arc::new(opened.0);
+                let segment = opened.0;
                 let closed = open.lock().expect("data plane lock poisoned").insert(
                     key,
                     Arc::clone(&segment),
@@ -465,6 +521,7 @@ impl DataPlane {
 /// One open of a segment's file, run where blocking calls run.
 struct OpenTask {
     storage: Arc<dyn Storage>,
+    committer: Arc<Committer>,
     data_dir: PathBuf,
     dir: PathBuf,
     config: SegmentConfig,
@@ -485,14 +542,16 @@ enum EnsureDir {
     WithoutSync,
 }
 
-type OpenOutcome = Result<(Segment, Option<RecoveryReport>), DataError>;
+type OpenOutcome = Result<(Arc<Segment>, Option<RecoveryReport>), DataError>;
 
 impl OpenTask {
     fn run(self) -> OpenOutcome {
         let key = self.key;
         if let Some(clean) = self.clean {
             let storage = Arc::clone(&self.storage);
-            match Segment::reopen_clean(storage, &self.dir, key.segment_id, self.config, clean) {
+            let committer = &self.committer;
+            let id = key.segment_id;
+            match Segment::reopen_clean(storage, &self.dir, id, self.config, committer, clean) {
                 Ok(segment) => return Ok((segment, None)),
                 Err(error) => tracing::warn!(?key, %error, "a closed segment changed; recovering"),
             }
@@ -517,7 +576,7 @@ impl OpenTask {
             EnsureDir::WithoutSync => self.storage.create_dir_all(&self.dir)?,
         }
         let storage = Arc::clone(&self.storage);
-        Segment::create(storage, &self.dir, self.key.segment_id, self.config)
+        Segment::create(storage, &self.dir, self.key.segment_id, self.config, &self.committer)
             .map(|segment| (segment, None))
             .map_err(|source| DataError::Open { key: self.key, source })
     }
@@ -529,11 +588,12 @@ impl OpenTask {
             // A sealed segment's file is never cut: anything wrong with it is damage, and so is
             // ending short of the length metadata recorded.
             Listed::Sealed { end_offset } => {
-                Segment::open_read_only(storage, &self.dir, key.segment_id, self.config)
+                let committer = &self.committer;
+                Segment::open_read_only(storage, &self.dir, key.segment_id, self.config, committer)
                     .inspect(|(segment, _)| segment.expect_end(end_offset))
             }
             Listed::ActiveUnborn | Listed::ActiveCreated => {
-                Segment::open(storage, &self.dir, key.segment_id, self.config)
+                Segment::open(storage, &self.dir, key.segment_id, self.config, &self.committer)
             }
         };
         match opened {
@@ -579,6 +639,27 @@ impl DataPlane {
         records: Vec<Record>,
     ) -> Result<AppendTicket, AppendError> {
         self.run(move || segment.append(&records)).await
+    }
+
+    /// Appends to several segments at once: stages every batch, then waits until all are
+    /// durable, so one round of the group commit covers them all. One outcome per batch.
+    pub async fn append_all(
+        &self,
+        batches: Vec<(Arc<Segment>, Vec<Record>)>,
+    ) -> Vec<Result<AppendTicket, AppendError>> {
+        self.run(move || {
+            let staged: Vec<_> =
+                batches.iter().map(|(segment, records)| segment.stage(records)).collect();
+            batches
+                .iter()
+                .zip(staged)
+                .map(|((segment, _), staged)| {
+                    let ticket = staged?;
+                    segment.wait_durable(ticket).map(|()| ticket)
+                })
+                .collect()
+        })
+        .await
     }
 
     pub async fn read(

@@ -81,22 +81,24 @@ impl Broker {
         pending: Vec<usize>,
     ) -> Result<Vec<usize>, LogError> {
         let batches = self.route(topic_id, records, slots, pending)?;
-        let mut tasks = tokio::task::JoinSet::new();
-        for batch in batches {
+        let mut appends = Vec::with_capacity(batches.len());
+        let mut sizes = Vec::with_capacity(batches.len());
+        for batch in &batches {
             let segment = self.segment(batch.key).await?;
             let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
-            let bytes: u64 = owned.iter().map(Record::user_bytes).sum();
-            let broker = self.self_handle().expect("the broker outlives its requests");
-            tasks.spawn(async move {
-                let outcome = broker.data.append(Arc::clone(&segment), owned).await;
-                (batch, bytes, segment, outcome)
-            });
+            sizes.push(owned.iter().map(Record::user_bytes).sum::<u64>());
+            appends.push((segment, owned));
         }
+        let segments: Vec<Arc<malachi_log::Segment>> =
+            appends.iter().map(|(segment, _)| Arc::clone(segment)).collect();
+        // Every range's records are staged first and then wait together: one round of the
+        // node's group commit covers the whole request, whatever the number of ranges.
+        let outcomes = self.data.append_all(appends).await;
         let mut fenced = Vec::new();
         let mut failure = None;
         let mut appended_any = false;
-        while let Some(joined) = tasks.join_next().await {
-            let (batch, bytes, segment, outcome) = joined.expect("append task panicked");
+        let joined = batches.into_iter().zip(sizes).zip(segments).zip(outcomes);
+        for (((batch, bytes), segment), outcome) in joined {
             match outcome {
                 Ok(_) => {
                     let active_bytes = segment.status().durable_bytes;

@@ -20,10 +20,11 @@ pub use error::{AppendError, OpenError, PoisonCause, ReadError, SealError};
 pub use limits::{LimitError, Limits};
 pub use record::{Record, StoredRecord};
 pub use segment::{
-    AppendTicket, BadFrame, CleanClose, Damage, GroupCommitConfig, ReadBatch, RecoveryReport,
-    SealInfo, Segment, SegmentConfig, SegmentStatus, VerifyReport, is_unborn, segment_paths,
-    verify_segment,
+    AppendTicket, BadFrame, CleanClose, CommitStats, Committer, Damage, GroupCommitConfig,
+    ReadBatch, RecoveryReport, SealInfo, Segment, SegmentConfig, SegmentStatus, VerifyReport,
+    is_unborn, segment_paths, verify_segment,
 };
 pub use storage::{
-    OpenMode, RealStorage, SimFaults, SimStorage, Storage, StorageFile, create_dir_durable,
+    FilesystemSync, OpenMode, RealStorage, SimFaults, SimStorage, Storage, StorageFile,
+    create_dir_durable,
 };

@@ -164,6 +164,9 @@ struct Swarm {
     auto_split: bool,
     segment_max_bytes: u64,
     retention_bytes: u64,
+    /// Group-commit rounds of several segments end with one `syncfs` rather than one
+    /// `fdatasync` per file.
+    syncfs_barrier: bool,
 }
 
 impl Swarm {
@@ -222,6 +225,7 @@ impl Swarm {
             auto_split: pick(&[0, 1]) == 1,
             segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
             retention_bytes: pick(&[8_192, 65_536]),
+            syncfs_barrier: pick(&[0, 1]) == 1,
         };
         match canary {
             Some(Canary::AckBeforeFsync) => {
@@ -262,6 +266,10 @@ impl Swarm {
             ("RESHAPE_COOLDOWN_MS", "500".into()),
             ("SEGMENT_MAX_BYTES", self.segment_max_bytes.to_string()),
             ("RETENTION_INTERVAL_MS", "250".into()),
+            (
+                "GROUP_COMMIT_BARRIER",
+                if self.syncfs_barrier { "filesystem" } else { "files" }.into(),
+            ),
         ]
     }
 }

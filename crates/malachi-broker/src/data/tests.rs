@@ -15,6 +15,7 @@ fn plane(sim: &SimStorage, open_max: usize) -> DataPlane {
     let storage: Arc<dyn Storage> = Arc::new(sim.clone());
     malachi_log::create_dir_durable(&*storage, Path::new("/"), Path::new("/data")).unwrap();
     DataPlane::with_io_mode(storage, Path::new("/data"), SegmentConfig::default(), IoMode::Inline)
+        .unwrap()
         .with_open_segments_max(open_max)
 }
 

@@ -73,15 +73,11 @@ pub struct CleanClose {
 pub struct AppendTicket {
     pub first_offset: u64,
     pub end_offset: u64,
-    /// The group commit that will carry these records: waiters sleep per batch, so a flush
-    /// wakes the appenders it made durable and not everyone.
-    pub batch: u64,
 }
 
 /// A flush in flight: one contiguous buffer at one file position.
 #[derive(Debug)]
 pub(crate) struct FlushJob {
-    pub batch: u64,
     pub buffer: Vec<u8>,
     pub position: u64,
     pub end_offset: u64,
@@ -100,8 +96,6 @@ pub(crate) struct Core {
     pending: Vec<u8>,
     pending_records: u64,
     pending_index: Vec<IndexEntry>,
-    /// Number of the batch being staged; the next flush job takes it.
-    pending_batch: u64,
     /// The buffer of the last finished flush, kept to be reused: no allocation in steady state.
     spare: Vec<u8>,
     /// Position of the last index entry, staged or durable.
@@ -140,7 +134,6 @@ impl Core {
             pending: Vec::new(),
             pending_records: 0,
             pending_index: Vec::new(),
-            pending_batch: 0,
             spare: Vec::new(),
             last_index_position: index.last_position(),
             index,
@@ -185,10 +178,6 @@ impl Core {
                 && self.pending.len() as u64 + bytes <= self.group_commit.batch_bytes_max
     }
 
-    pub fn batch_full(&self) -> bool {
-        !self.has_room(1, 1)
-    }
-
     /// Encodes `records` into the pending batch and assigns their offsets. The caller has checked
     /// limits, writability and room.
     pub fn stage(&mut self, records: &[Record], encoded_bytes: u64) -> AppendTicket {
@@ -209,15 +198,11 @@ impl Core {
         assert_eq!(staged, encoded_bytes, "limits and encoder disagree on the batch size");
         self.next_position += staged;
         self.pending_records += records.len() as u64;
-        AppendTicket { first_offset, end_offset: self.next_offset, batch: self.pending_batch }
+        AppendTicket { first_offset, end_offset: self.next_offset }
     }
 
     pub fn limits(&self) -> &Limits {
         &self.limits
-    }
-
-    pub fn linger_us(&self) -> u64 {
-        self.group_commit.linger_us
     }
 
     /// Takes the pending batch as a flush job. The caller must hold `flushing`.
@@ -226,14 +211,12 @@ impl Core {
         let mut buffer = std::mem::take(&mut self.spare);
         std::mem::swap(&mut buffer, &mut self.pending);
         let job = FlushJob {
-            batch: self.pending_batch,
             position: self.next_position - buffer.len() as u64,
             end_offset: self.next_offset,
             index: std::mem::take(&mut self.pending_index),
             buffer,
         };
         self.pending_records = 0;
-        self.pending_batch += 1;
         assert_eq!(job.position, self.durable_bytes, "a flush must start at the durable end");
         job
     }

@@ -7,14 +7,15 @@
 //! `fdatasync` outside the lock, and wakes everyone. No thread exists per segment, and callers
 //! that stage without waiting (the simulator, pipelined producers) can flush explicitly.
 
+mod commit;
 mod core;
 mod scan;
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
+pub use self::commit::{CommitStats, Committer};
 pub use self::core::{AppendTicket, CleanClose, Damage, GroupCommitConfig, SealInfo};
 pub use self::scan::BadFrame;
 
@@ -125,7 +126,8 @@ pub fn segment_paths(dir: &Path, segment_id: u64) -> (PathBuf, PathBuf) {
     (dir.join(format!("{segment_id:020}.seg")), dir.join(format!("{segment_id:020}.idx")))
 }
 
-/// A segment file open for appends and reads.
+/// A segment file open for appends and reads. Always shared (`Arc`): it registers itself with
+/// its node's [`Committer`] when it has records to make durable.
 #[derive(Debug)]
 pub struct Segment {
     segment_id: u64,
@@ -134,12 +136,11 @@ pub struct Segment {
     file: Box<dyn StorageFile>,
     config: SegmentConfig,
     core: Mutex<Core>,
-    /// Signalled when the durable end moves, a flush ends, the segment poisons or seals, and
-    /// when a batch fills while a flush lingers.
-    changed: Condvar,
-    /// Appenders waiting for their batch, by batch number modulo 2: at most one batch is in
-    /// flight and one is staging, so two condition variables keep their waiters apart.
-    batch_done: [Condvar; 2],
+    /// The node's group commit, which writes and syncs this segment's staged batches together
+    /// with every other segment's.
+    committer: Arc<Committer>,
+    /// This segment, as the committer holds it.
+    me: Weak<Segment>,
 }
 
 /// Whether segment `segment_id`'s file is a create that never became durable: no longer than a
@@ -169,7 +170,8 @@ impl Segment {
         dir: &Path,
         segment_id: u64,
         config: SegmentConfig,
-    ) -> Result<Segment, OpenError> {
+        committer: &Arc<Committer>,
+    ) -> Result<Arc<Segment>, OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::CreateNew)?;
         let header = SegmentHeader { segment_id, base_offset: 0 };
@@ -179,7 +181,8 @@ impl Segment {
         let index = SparseIndex::new(config.index_interval_bytes);
         let core =
             Core::new(0, 0, SEGMENT_HEADER_BYTES, index, None, config.limits, config.group_commit);
-        Ok(Segment::assemble(segment_id, storage, index_path, file, config, core))
+        let parts = Parts { segment_id, storage, index_path, file, config };
+        Ok(Segment::assemble(parts, core, committer))
     }
 
     /// Opens an existing segment that this process has not seen closing cleanly: after a
@@ -194,8 +197,9 @@ impl Segment {
         dir: &Path,
         segment_id: u64,
         config: SegmentConfig,
-    ) -> Result<(Segment, RecoveryReport), OpenError> {
-        Segment::open_as(storage, dir, segment_id, config, Recovery::MayCut)
+        committer: &Arc<Committer>,
+    ) -> Result<(Arc<Segment>, RecoveryReport), OpenError> {
+        Segment::open_as(storage, dir, segment_id, config, committer, Recovery::MayCut)
     }
 
     /// Opens a segment that metadata has sealed, for reads only, changing nothing in its file.
@@ -206,8 +210,9 @@ impl Segment {
         dir: &Path,
         segment_id: u64,
         config: SegmentConfig,
-    ) -> Result<(Segment, RecoveryReport), OpenError> {
-        Segment::open_as(storage, dir, segment_id, config, Recovery::ReadOnly)
+        committer: &Arc<Committer>,
+    ) -> Result<(Arc<Segment>, RecoveryReport), OpenError> {
+        Segment::open_as(storage, dir, segment_id, config, committer, Recovery::ReadOnly)
     }
 
     fn open_as(
@@ -215,8 +220,9 @@ impl Segment {
         dir: &Path,
         segment_id: u64,
         config: SegmentConfig,
+        committer: &Arc<Committer>,
         recovery: Recovery,
-    ) -> Result<(Segment, RecoveryReport), OpenError> {
+    ) -> Result<(Arc<Segment>, RecoveryReport), OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::Existing)?;
         if !config.canary_trust_page_cache {
@@ -238,7 +244,8 @@ impl Segment {
             None => recover_unsealed(file.as_ref(), file_len, header, &config, recovery)?,
         };
         let (core, report) = recovered;
-        Ok((Segment::assemble(segment_id, storage, index_path, file, config, core), report))
+        let parts = Parts { segment_id, storage, index_path, file, config };
+        Ok((Segment::assemble(parts, core, committer), report))
     }
 
     /// Closes an idle segment for a later [`Segment::reopen_clean`]: returns where it ends, with
@@ -282,8 +289,9 @@ impl Segment {
         dir: &Path,
         segment_id: u64,
         config: SegmentConfig,
+        committer: &Arc<Committer>,
         clean: CleanClose,
-    ) -> Result<Segment, OpenError> {
+    ) -> Result<Arc<Segment>, OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::Existing)?;
         let file_len = file.size_bytes()?;
@@ -311,34 +319,30 @@ impl Segment {
                 config.group_commit,
             )
         };
-        Ok(Segment::assemble(segment_id, storage, index_path, file, config, core))
+        let parts = Parts { segment_id, storage, index_path, file, config };
+        Ok(Segment::assemble(parts, core, committer))
     }
 
-    fn assemble(
-        segment_id: u64,
-        storage: Arc<dyn Storage>,
-        index_path: PathBuf,
-        file: Box<dyn StorageFile>,
-        config: SegmentConfig,
-        core: Core,
-    ) -> Segment {
-        Segment {
+    fn assemble(parts: Parts, core: Core, committer: &Arc<Committer>) -> Arc<Segment> {
+        let Parts { segment_id, storage, index_path, file, config } = parts;
+        Arc::new_cyclic(|me| Segment {
             segment_id,
             storage,
             index_path,
             file,
             config,
             core: Mutex::new(core),
-            changed: Condvar::new(),
-            batch_done: [Condvar::new(), Condvar::new()],
-        }
+            committer: Arc::clone(committer),
+            me: me.clone(),
+        })
     }
 
     pub fn segment_id(&self) -> u64 {
         self.segment_id
     }
 
-    /// Appends `records` and returns once they are durable: written and `fdatasync`ed.
+    /// Appends `records` and returns once they are durable: written and synced by a round of
+    /// the node's group commit.
     pub fn append(&self, records: &[Record]) -> Result<AppendTicket, AppendError> {
         let ticket = self.stage(records)?;
         self.wait_durable(ticket)?;
@@ -346,57 +350,55 @@ impl Segment {
     }
 
     /// Stages `records` into the next group commit without waiting for it. Blocks only while the
-    /// pending batch is full (back-pressure), flushing it if no one else is.
+    /// pending batch is full (back-pressure), running a round if no one else is.
     pub fn stage(&self, records: &[Record]) -> Result<AppendTicket, AppendError> {
         let encoded_bytes = {
             let core = self.lock();
             core.check_writable()?;
             core.limits().check(records)?
         };
-        let mut core = self.lock();
-        loop {
-            core.check_writable()?;
-            if core.has_room(records.len() as u64, encoded_bytes) {
-                break;
-            }
-            core = if core.flushing { self.wait(core) } else { self.flush_locked(core) };
+        let records_count = records.len() as u64;
+        let has_room = || {
+            let core = self.lock();
+            core.check_writable().is_err() || core.has_room(records_count, encoded_bytes)
+        };
+        if !has_room() {
+            self.committer.wait_until(has_room);
         }
+        let mut core = self.lock();
+        core.check_writable()?;
+        let first = !core.has_pending();
         let ticket = core.stage(records, encoded_bytes);
-        if core.batch_full() {
-            self.changed.notify_all();
+        if first {
+            // Under the segment's lock, so a round cannot take the batch before it is known.
+            self.committer.mark_dirty(self.me.clone());
         }
         Ok(ticket)
     }
 
-    /// Waits until `ticket`'s records are durable, flushing if no flush is running.
+    /// Waits until `ticket`'s records are durable, running rounds while nobody else is.
     pub fn wait_durable(&self, ticket: AppendTicket) -> Result<(), AppendError> {
-        let mut core = self.lock();
-        loop {
-            if core.durable_offset >= ticket.end_offset {
-                return Ok(());
+        self.committer.wait_until(|| {
+            let core = self.lock();
+            core.durable_offset >= ticket.end_offset || core.poisoned.is_some()
+        });
+        let core = self.lock();
+        match core.poisoned {
+            Some(cause) if core.durable_offset < ticket.end_offset => {
+                Err(AppendError::Poisoned { cause })
             }
-            if let Some(cause) = core.poisoned {
-                return Err(AppendError::Poisoned { cause });
-            }
-            core = if !core.flushing && core.has_pending() {
-                self.flush_locked(core)
-            } else {
-                let batch_done = &self.batch_done[(ticket.batch % 2) as usize];
-                batch_done.wait(core).expect("segment lock poisoned")
-            };
+            _ => Ok(()),
         }
     }
 
-    /// Runs one flush now if there is a pending batch and no flush running. For callers that
-    /// drive flushes themselves, such as the simulator. Returns the durable end.
+    /// Makes everything staged so far durable (running rounds as needed). For callers that
+    /// drive flushes themselves. Returns the durable end.
     pub fn flush(&self) -> Result<u64, AppendError> {
-        let mut core = self.lock();
-        if let Some(cause) = core.poisoned {
-            return Err(AppendError::Poisoned { cause });
-        }
-        if !core.flushing && core.has_pending() {
-            core = self.flush_locked(core);
-        }
+        self.committer.wait_until(|| {
+            let core = self.lock();
+            !core.has_pending() && !core.flushing || core.poisoned.is_some()
+        });
+        let core = self.lock();
         match core.poisoned {
             Some(cause) => Err(AppendError::Poisoned { cause }),
             None => Ok(core.durable_offset),
@@ -421,29 +423,29 @@ impl Segment {
         }
     }
 
-    /// Seals the segment: flushes what is staged, then writes and syncs the seal trailer. From
-    /// then on, and after any restart, appends are refused with the sealed end. Sealing a sealed
-    /// segment returns the same answer.
+    /// Seals the segment: stops staging, lets a round make what is staged durable, then writes
+    /// and syncs the seal trailer. From then on, and after any restart, appends are refused with
+    /// the sealed end. Sealing a sealed segment returns the same answer.
     pub fn seal(&self) -> Result<SealInfo, SealError> {
+        let target = {
+            let mut core = self.lock();
+            core.begin_seal();
+            core.sealing_at.expect("begin_seal sets where the seal ends")
+        };
+        self.committer.wait_until(|| {
+            let core = self.lock();
+            core.durable_offset >= target || core.poisoned.is_some() || core.sealed.is_some()
+        });
         let mut core = self.lock();
-        core.begin_seal();
-        loop {
-            if let Some(cause) = core.poisoned {
-                return Err(SealError::Poisoned { cause });
-            }
-            if let Some(seal) = core.sealed {
-                return Ok(seal);
-            }
-            if core.flushing {
-                core = self.wait(core);
-            } else if core.has_pending() {
-                core = self.flush_locked(core);
-            } else {
-                break;
-            }
+        if let Some(cause) = core.poisoned {
+            return Err(SealError::Poisoned { cause });
+        }
+        if let Some(seal) = core.sealed {
+            return Ok(seal);
         }
         let info = SealInfo { end_offset: core.durable_offset, data_bytes: core.durable_bytes };
         assert_eq!(core.sealing_at, Some(info.end_offset), "a seal ends where staging stopped");
+        assert!(!core.flushing && !core.has_pending(), "nothing is in flight behind a seal");
         let trailer = SealTrailer { record_count: info.end_offset, data_bytes: info.data_bytes };
         // The lock is held across this write on purpose: nothing may stage behind a seal.
         let outcome = self
@@ -453,14 +455,11 @@ impl Segment {
             .and_then(|()| self.file.sync_data().map_err(|error| PoisonCause::Sync(error.kind())));
         if let Err(cause) = outcome {
             core.poisoned.get_or_insert(cause);
-            self.changed.notify_all();
-            self.batch_done.iter().for_each(Condvar::notify_all);
             return Err(SealError::Poisoned { cause });
         }
         core.sealed = Some(info);
         let index_bytes = core.index.encode();
         drop(core);
-        self.changed.notify_all();
         // The index is derived data: if it cannot be written, the next open rebuilds it.
         let _ = write_index(&*self.storage, &self.index_path, &index_bytes);
         Ok(info)
@@ -564,57 +563,36 @@ impl Segment {
         Ok((records, None))
     }
 
-    /// Takes the pending batch, writes and syncs it without the lock, and publishes the outcome.
-    fn flush_locked<'a>(&'a self, mut core: MutexGuard<'a, Core>) -> MutexGuard<'a, Core> {
-        core.flushing = true;
-        let linger_us = core.linger_us();
-        if linger_us > 0 && !core.batch_full() {
-            let linger = Duration::from_micros(linger_us);
-            core = self
-                .changed
-                .wait_timeout_while(core, linger, |core| {
-                    !core.batch_full() && core.poisoned.is_none()
-                })
-                .expect("segment lock poisoned")
-                .0;
-        }
-        let job = core.take_job();
-        let batch = job.batch;
-        drop(core);
-        let outcome = self.write_and_sync(&job);
+    /// For a round: claims the pending batch, if there is one and nothing else owns the tail.
+    fn take_job(&self) -> Option<FlushJob> {
         let mut core = self.lock();
-        core.finish_job(job, outcome);
-        self.wake_after_flush(batch, core.poisoned.is_some());
-        core
-    }
-
-    /// Wakes the appenders of the finished batch, one appender of the batch now staging (to
-    /// lead its flush), and everyone waiting on the segment's state (seals, back-pressure).
-    /// After a failure everyone wakes to see the poison.
-    fn wake_after_flush(&self, batch: u64, poisoned: bool) {
-        self.batch_done[(batch % 2) as usize].notify_all();
-        let next = &self.batch_done[((batch + 1) % 2) as usize];
-        if poisoned {
-            next.notify_all();
-        } else {
-            next.notify_one();
+        if core.flushing || !core.has_pending() || core.poisoned.is_some() {
+            return None;
         }
-        self.changed.notify_all();
+        core.flushing = true;
+        Some(core.take_job())
     }
 
-    fn write_and_sync(&self, job: &FlushJob) -> Result<(), PoisonCause> {
+    /// For a round: writes a claimed batch (no sync).
+    fn write_job(&self, job: &FlushJob) -> Result<(), PoisonCause> {
         self.file
             .write_all_at(&[&job.buffer], job.position)
-            .map_err(|error| PoisonCause::from_write(&error))?;
-        if self.config.canary_ack_before_fsync {
-            return Ok(());
-        }
-        // Never retried: after a failed fdatasync the kernel may have dropped the pages.
-        self.file.sync_data().map_err(|error| PoisonCause::Sync(error.kind()))
+            .map_err(|error| PoisonCause::from_write(&error))
     }
 
-    fn wait<'a>(&'a self, core: MutexGuard<'a, Core>) -> MutexGuard<'a, Core> {
-        self.changed.wait(core).expect("segment lock poisoned")
+    /// For a round of one segment: `fdatasync` of this file.
+    fn sync_file(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Whether this segment's batches may be acknowledged without a sync (the canary).
+    fn skips_sync(&self) -> bool {
+        self.config.canary_ack_before_fsync
+    }
+
+    /// For a round: publishes a batch's outcome. Only a write *and* a sync move the durable end.
+    fn finish_job(&self, job: FlushJob, outcome: Result<(), PoisonCause>) {
+        self.lock().finish_job(job, outcome);
     }
 
     fn lock(&self) -> MutexGuard<'_, Core> {
@@ -632,6 +610,15 @@ enum Recovery {
     MayCut,
     /// Change nothing: anything bad is damage (a segment metadata has sealed).
     ReadOnly,
+}
+
+/// What a segment is made of besides its state.
+struct Parts {
+    segment_id: u64,
+    storage: Arc<dyn Storage>,
+    index_path: PathBuf,
+    file: Box<dyn StorageFile>,
+    config: SegmentConfig,
 }
 
 struct ReadLimits {

@@ -211,10 +211,14 @@ pub(crate) struct AfterBadFrame {
 }
 
 /// Looks for valid record frames after the bad frame at `bad_position` (which held offset
-/// `bad_offset`), resynchronising over every bad stretch, without changing the file. Only
-/// frames whose offsets rise from `bad_offset` on count: a checksum-valid frame elsewhere (one
-/// found inside another frame's payload, say a record that carries a segment file as its value)
-/// is not one of this segment's records.
+/// `bad_offset`), resynchronising byte by byte over every bad stretch, without changing the
+/// file. A bad frame's own length field is not trusted to skip it: when that field is what was
+/// damaged, trusting it could jump over every later record and call damage a torn tail.
+///
+/// Only frames that could be this segment's records count: offsets rising from `bad_offset`,
+/// and no further ahead of it than the skipped bytes could hold records (each takes at least a
+/// minimal frame). A checksum-valid frame inside another record's value (a record carrying a
+/// segment file, say) rarely passes both.
 pub(crate) fn frames_after(
     file: &dyn StorageFile,
     file_len: u64,
@@ -223,15 +227,7 @@ pub(crate) fn frames_after(
 ) -> io::Result<AfterBadFrame> {
     let mut reader = FrameReader::new(file, file_len, chunk_bytes);
     let mut after = AfterBadFrame { last_end: bad_position, ..AfterBadFrame::default() };
-    // A bad frame whose magic and length are intact still owns the bytes its length claims:
-    // frames inside them are its payload, not records. Only a damaged length is resynchronised
-    // byte by byte.
-    let skip_to = match claimed_end(file, bad_position)? {
-        Some(end) if end >= file_len => return Ok(after),
-        Some(end) => end,
-        None => bad_position + 1,
-    };
-    let mut position = resync(&mut reader, skip_to)?;
+    let mut position = resync(&mut reader, bad_position + 1)?;
     while position < file_len {
         let frame = match reader.check_at(position)? {
             Ok(frame) => frame,
@@ -244,7 +240,8 @@ pub(crate) fn frames_after(
             FrameKind::Record { offset, batch_start }
                 if offset >= bad_offset
                     && after.last_offset.is_none_or(|last| offset > last)
-                    && offset < u64::MAX =>
+                    && offset < u64::MAX
+                    && offset - bad_offset <= (position - bad_position) / MIN_FRAME_BYTES =>
             {
                 after.valid_frames += 1;
                 after.batch_start_seen |= batch_start;
@@ -259,23 +256,8 @@ pub(crate) fn frames_after(
     Ok(after)
 }
 
-/// Where the frame at `position` ends by its own length field, if its magic is a frame magic and
-/// its length within the format's bounds (whatever its checksum says).
-fn claimed_end(file: &dyn StorageFile, position: u64) -> io::Result<Option<u64>> {
-    let mut header = [0u8; 6];
-    if file.read_at(&mut header, position)? < header.len() {
-        return Ok(None);
-    }
-    let length = u32::from_le_bytes(header[2..6].try_into().expect("four bytes"));
-    let plausible = match [header[0], header[1]] {
-        format::RECORD_MAGIC => {
-            (format::RECORD_FIXED_BYTES as u32..=format::FRAME_PAYLOAD_BYTES_MAX).contains(&length)
-        }
-        format::SEAL_MAGIC => length as usize == format::SEAL_PAYLOAD_BYTES,
-        _ => false,
-    };
-    Ok(plausible.then(|| position + FRAME_HEADER_BYTES as u64 + u64::from(length)))
-}
+/// The fewest bytes a record frame takes: records between two offsets need this much each.
+const MIN_FRAME_BYTES: u64 = (FRAME_HEADER_BYTES + format::RECORD_FIXED_BYTES) as u64;
 
 /// The first position at or after `from` where a whole valid frame starts, or the end.
 fn resync(reader: &mut FrameReader<'_>, from: u64) -> io::Result<u64> {

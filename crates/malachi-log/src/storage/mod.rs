@@ -64,6 +64,18 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn list(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
     /// Makes creations and removals in `dir` durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// A handle that makes everything written to the filesystem holding `dir` durable at once
+    /// (`syncfs`), for group commit over many files. Open it before the writes it must cover:
+    /// it reports every write-back error that happens after it was opened, once.
+    fn filesystem_sync(&self, dir: &Path) -> io::Result<Box<dyn FilesystemSync>>;
+}
+
+/// One barrier for every file of a filesystem (see [`Storage::filesystem_sync`]).
+pub trait FilesystemSync: Send + Sync + fmt::Debug {
+    /// `syncfs`: after `Ok`, everything written to any file of the filesystem before the call
+    /// survives a crash. After an error, any write since the previous call may be lost, and
+    /// which one cannot be known: treat them all as failed.
+    fn sync_all(&self) -> io::Result<()>;
 }
 
 /// One open file. Positioned calls only, so one handle serves concurrent readers and a writer.

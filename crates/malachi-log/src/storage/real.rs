@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::{OpenMode, Storage, StorageFile};
+use super::{FilesystemSync, OpenMode, Storage, StorageFile};
 
 /// Files on the local filesystem.
 #[derive(Clone, Copy, Debug, Default)]
@@ -62,6 +62,28 @@ impl Storage for RealStorage {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn filesystem_sync(&self, dir: &Path) -> io::Result<Box<dyn FilesystemSync>> {
+        Ok(Box::new(RealFilesystemSync { dir: File::open(dir)? }))
+    }
+}
+
+/// `syncfs` through one descriptor held for the node's life: Linux reports a write-back error to
+/// each descriptor's next `syncfs` once, counting from when it was opened.
+#[derive(Debug)]
+struct RealFilesystemSync {
+    dir: File,
+}
+
+impl FilesystemSync for RealFilesystemSync {
+    fn sync_all(&self) -> io::Result<()> {
+        // SAFETY: syncfs takes a descriptor this struct owns.
+        if unsafe { libc::syncfs(self.dir.as_raw_fd()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
     }
 }
 

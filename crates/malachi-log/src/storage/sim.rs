@@ -19,7 +19,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{OpenMode, Storage, StorageFile};
+use super::{FilesystemSync, OpenMode, Storage, StorageFile};
 use crate::rng::SeededRng;
 
 /// Fault rates and crash behaviour; all off by default.
@@ -73,6 +73,9 @@ struct SimFile {
     unsynced: Vec<PendingOp>,
     /// The directory entry survives a crash (it was created before a `sync_dir`).
     entry_durable: bool,
+    /// A failed `syncfs` dropped some of this file's pages: its next `sync_data` reports it, as
+    /// Linux reports a write-back error to every descriptor of the file once.
+    unreported_error: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -352,6 +355,7 @@ impl Storage for SimStorage {
                     durable: Vec::new(),
                     unsynced: Vec::new(),
                     entry_durable: false,
+                    unreported_error: false,
                 };
                 state.files.insert(path.to_path_buf(), file);
             }
@@ -390,6 +394,11 @@ impl Storage for SimStorage {
             return Err(not_found(dir));
         }
         Ok(state.files.keys().filter(|path| path.parent() == Some(dir)).cloned().collect())
+    }
+
+    fn filesystem_sync(&self, _dir: &Path) -> io::Result<Box<dyn FilesystemSync>> {
+        self.lock().check_up()?;
+        Ok(Box::new(SimFilesystemSync { state: Arc::clone(&self.state) }))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
@@ -466,22 +475,15 @@ impl StorageFile for SimFileHandle {
             state.forced_sync_failures -= 1;
         }
         let file = state.file(self)?;
-        if failed {
+        let unreported = std::mem::take(&mut file.unreported_error);
+        if failed || unreported {
             // The kernel marks the pages clean without writing them: they are lost on a crash
             // and no later sync will retry them.
             file.unsynced.clear();
             state.failed_syncs += 1;
             return Err(io::Error::other("simulated EIO on fdatasync"));
         }
-        // Apply exactly the pending operations: pages dropped by an earlier failed sync stay lost.
-        for op in std::mem::take(&mut file.unsynced) {
-            match op {
-                PendingOp::SetLen(len) => file.durable.resize(len as usize, 0),
-                PendingOp::Write { position, bytes } => {
-                    write_into(&mut file.durable, position, &bytes)
-                }
-            }
-        }
+        file.sync_pending();
         Ok(())
     }
 
@@ -508,6 +510,73 @@ impl StorageFile for SimFileHandle {
             }
         }
         file.written = content;
+        Ok(())
+    }
+}
+
+impl SimFile {
+    /// Applies exactly the pending operations: pages dropped by an earlier failed sync stay lost.
+    fn sync_pending(&mut self) {
+        for op in std::mem::take(&mut self.unsynced) {
+            match op {
+                PendingOp::SetLen(len) => self.durable.resize(len as usize, 0),
+                PendingOp::Write { position, bytes } => {
+                    write_into(&mut self.durable, position, &bytes)
+                }
+            }
+        }
+    }
+}
+
+/// `syncfs` on the simulated disk: every file's pending writes and every directory entry become
+/// durable at once. A failure (at the disk's sync failure rate) drops the pending pages of some
+/// of the files that had any, chosen by the seed, and each of those files also reports the error
+/// to its own next `fdatasync`, as Linux does.
+#[derive(Debug)]
+struct SimFilesystemSync {
+    state: Arc<Mutex<SimState>>,
+}
+
+impl FilesystemSync for SimFilesystemSync {
+    fn sync_all(&self) -> io::Result<()> {
+        let mut state = self.state.lock().expect("sim storage lock poisoned");
+        state.tick()?;
+        state.syncs += 1;
+        let forced = state.forced_sync_failures > 0;
+        let per_mille = state.faults.sync_failure_per_mille;
+        let failed = forced || (per_mille > 0 && state.rng.chance(per_mille, 1000));
+        if forced {
+            state.forced_sync_failures -= 1;
+        }
+        if failed {
+            state.failed_syncs += 1;
+            let dirty: Vec<PathBuf> = state
+                .files
+                .iter()
+                .filter(|(_, file)| !file.unsynced.is_empty())
+                .map(|(path, _)| path.clone())
+                .collect();
+            let first_lost = if dirty.is_empty() { 0 } else { state.rng.below(dirty.len() as u64) };
+            for (at, path) in dirty.iter().enumerate() {
+                let lost = at as u64 == first_lost || state.rng.chance(1, 2);
+                let file = state.files.get_mut(path).expect("listed above");
+                if lost {
+                    file.unsynced.clear();
+                    file.unreported_error = true;
+                } else {
+                    file.sync_pending();
+                }
+            }
+            return Err(io::Error::other("simulated EIO on syncfs"));
+        }
+        for file in state.files.values_mut() {
+            file.sync_pending();
+            file.entry_durable = true;
+        }
+        for durable in state.dirs.values_mut() {
+            *durable = true;
+        }
+        state.unsynced_removals.clear();
         Ok(())
     }
 }

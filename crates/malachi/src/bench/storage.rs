@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use malachi_log::{RealStorage, Record, Segment, SegmentConfig, Storage, segment_paths};
+use malachi_log::{Committer, RealStorage, Record, Segment, SegmentConfig, Storage, segment_paths};
 use serde::Serialize;
 
 use super::histogram::Latencies;
@@ -114,7 +114,7 @@ fn measure_size(args: &StorageArgs, size: u32) -> std::io::Result<Figures> {
     let mut reads = (0.0, 0.0);
     for round in 0..args.rounds.max(1) {
         let round_dir = dir.join(format!("concurrent-{round}"));
-        let segment = Arc::new(create_segment(&storage, &round_dir)?);
+        let segment = create_segment(&storage, &round_dir)?;
         rounds.push(concurrent_appends(
             &segment,
             args.appenders,
@@ -166,9 +166,9 @@ fn measure_size(args: &StorageArgs, size: u32) -> std::io::Result<Figures> {
     })
 }
 
-fn create_segment(storage: &Arc<dyn Storage>, dir: &Path) -> std::io::Result<Segment> {
+fn create_segment(storage: &Arc<dyn Storage>, dir: &Path) -> std::io::Result<Arc<Segment>> {
     storage.create_dir_all(dir)?;
-    Segment::create(Arc::clone(storage), dir, 1, SegmentConfig::default())
+    Segment::create(Arc::clone(storage), dir, 1, SegmentConfig::default(), &Committer::solo())
         .map_err(std::io::Error::other)
 }
 
