@@ -11,6 +11,12 @@
 //!
 //! Retryable refusals (`overloaded`, `not_owner`, ...) are counted and retried after a short
 //! pause; any other error stops the run.
+//!
+//! `--ranges 1,4,32,256` runs the same load once per range count, each on a fresh topic (or
+//! `--topics` fresh topics sharing the ranges), and prints each run's throughput as a ratio of
+//! the first run's: the first value is the baseline of the same invocation. When the broker's
+//! data directory is on this machine (`--data-dir`), the device's cache flushes are counted
+//! from `/sys/dev/block` and reported per produce request.
 
 use std::time::Duration;
 
@@ -49,9 +55,17 @@ pub struct WireArgs {
     /// Topic to use; created if missing.
     #[arg(long, default_value = "malachi-bench")]
     topic: String,
-    /// Ranges of the topic when this run creates it (a power of two).
-    #[arg(long, value_name = "N")]
-    ranges: Option<u32>,
+    /// Ranges of the topic (a power of two), or a list of them: one run per value, each on
+    /// fresh topics named after the topic, the count and the run.
+    #[arg(long, value_name = "N,...", value_delimiter = ',')]
+    ranges: Vec<u32>,
+    /// Topics the connections spread over (connection i uses topic i mod N); with `--ranges`,
+    /// each topic gets the range count divided by this.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    topics: u32,
+    /// The broker's data directory, if on this machine: its disk's cache flushes are counted.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<std::path::PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -95,11 +109,20 @@ struct Figures {
     /// `ack_p50_us / round_trip_p50_us`.
     ack_to_round_trip_p50: f64,
     retried_errors: u64,
+    /// Ranges over all topics of this run (0: an existing topic, as it was).
+    ranges: u32,
+    topics: u32,
+    produce_requests: u64,
+    /// Cache flushes the broker's disk completed per produce request (`--data-dir`).
+    disk_flushes_per_request: Option<f64>,
+    /// Produced MB/s over the first run's, with `--ranges`.
+    mb_per_s_vs_first: f64,
 }
 
 /// What one connection did.
 #[derive(Debug, Default)]
 struct Tally {
+    requests: u64,
     records: u64,
     /// Key and value bytes.
     bytes: u64,
@@ -124,16 +147,44 @@ pub fn run(args: &WireArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|error| format!("cannot start the async runtime: {error}"))?;
-    let figures = runtime.block_on(measure(args))?;
-    if args.json {
-        println!("{}", serde_json::to_string(&figures).expect("figures serialize"));
+    let runs: Vec<Option<u32>> = if args.ranges.is_empty() {
+        vec![None]
     } else {
-        print_text(args, &figures);
+        args.ranges.iter().copied().map(Some).collect()
+    };
+    let mut first_mb_per_s = None;
+    for (run, ranges) in runs.into_iter().enumerate() {
+        let topics = topic_names(args, ranges, run);
+        let mut figures = runtime.block_on(measure(args, &topics, ranges))?;
+        let first = *first_mb_per_s.get_or_insert(figures.produced_mb_per_s);
+        figures.mb_per_s_vs_first =
+            if first > 0.0 { figures.produced_mb_per_s / first } else { 0.0 };
+        if args.json {
+            println!("{}", serde_json::to_string(&figures).expect("figures serialize"));
+        } else {
+            print_text(args, &figures);
+        }
     }
     Ok(())
 }
 
-async fn measure(args: &WireArgs) -> Result<Figures, String> {
+/// The topics of one run: the named topic as it is without `--ranges`, else fresh ones.
+fn topic_names(args: &WireArgs, ranges: Option<u32>, run: usize) -> Vec<String> {
+    let stamp = now_ms();
+    (0..args.topics.max(1))
+        .map(|index| match (ranges, args.topics) {
+            (None, 1) => args.topic.clone(),
+            (None, _) => format!("{}-{index}", args.topic),
+            (Some(ranges), _) => format!("{}-{ranges}r-{stamp}-{run}-{index}", args.topic),
+        })
+        .collect()
+}
+
+async fn measure(
+    args: &WireArgs,
+    topics: &[String],
+    ranges: Option<u32>,
+) -> Result<Figures, String> {
     let settings = Settings::load(&args.connection)?;
     let fail = |action: &str, error: ClientError| settings.explain(action, None, &error);
     let mut clients = Vec::new();
@@ -141,8 +192,14 @@ async fn measure(args: &WireArgs) -> Result<Figures, String> {
         let client = Client::connect(settings.client_config()).await;
         clients.push(client.map_err(|error| fail("login", error))?);
     }
-    ensure_topic(&clients[0], args).await.map_err(|error| fail("create the topic", error))?;
-    let mut floor = round_trips(&clients[0], &args.topic).await;
+    let per_topic = ranges.map(|ranges| (ranges / topics.len() as u32).max(1));
+    for topic in topics {
+        ensure_topic(&clients[0], topic, per_topic)
+            .await
+            .map_err(|error| fail("create the topic", error))?;
+    }
+    let mut floor = round_trips(&clients[0], &topics[0]).await;
+    let flushes_before = args.data_dir.as_deref().and_then(disk_flushes);
     let producers = match args.mode {
         Mode::Produce => clients.len(),
         Mode::Consume => 0,
@@ -153,7 +210,7 @@ async fn measure(args: &WireArgs) -> Result<Figures, String> {
     let mut produced = JoinSet::new();
     let mut consumed = JoinSet::new();
     for (index, client) in clients.into_iter().enumerate() {
-        let load = Load::new(args, index, deadline);
+        let load = Load::new(args, &topics[index % topics.len()], index, deadline);
         if index < producers {
             produced.spawn(load.produce(client));
         } else {
@@ -163,16 +220,42 @@ async fn measure(args: &WireArgs) -> Result<Figures, String> {
     let produced = gather(produced).await.map_err(|error| fail("produce", error))?;
     let consumed = gather(consumed).await.map_err(|error| fail("fetch", error))?;
     if args.mode == Mode::Consume && consumed.records == 0 {
-        return Err(format!("{} holds no records: run `--mode produce` first", args.topic));
+        return Err(format!("{} holds no records: run `--mode produce` first", topics[0]));
     }
     let seconds = started.elapsed().as_secs_f64();
-    Ok(figures(args, seconds, produced, consumed, &mut floor))
+    let flushes = match (flushes_before, args.data_dir.as_deref().and_then(disk_flushes)) {
+        (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        _ => None,
+    };
+    let mut figures = figures(args, seconds, produced, consumed, &mut floor);
+    figures.ranges = per_topic.map_or(0, |ranges| ranges * topics.len() as u32);
+    figures.topics = topics.len() as u32;
+    figures.disk_flushes_per_request =
+        flushes.map(|flushes| flushes as f64 / figures.produce_requests.max(1) as f64);
+    Ok(figures)
 }
 
-async fn ensure_topic(client: &Client, args: &WireArgs) -> Result<(), ClientError> {
-    let created = match args.ranges {
-        None => client.create_topic(&args.topic).await,
-        Some(ranges) => client.create_topic_with_ranges(&args.topic, ranges).await,
+/// Cache flushes the disk holding `dir` has completed (`/sys/dev/block/<dev>/stat`, field 16;
+/// a partition's counts are its disk's). `None` where the kernel does not say.
+fn disk_flushes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let device = std::fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (libc::major(device), libc::minor(device));
+    let base = std::path::PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let stat =
+        if base.join("partition").exists() { base.join("../stat") } else { base.join("stat") };
+    let text = std::fs::read_to_string(stat).ok()?;
+    text.split_whitespace().nth(15)?.parse().ok()
+}
+
+async fn ensure_topic(
+    client: &Client,
+    topic: &str,
+    ranges: Option<u32>,
+) -> Result<(), ClientError> {
+    let created = match ranges {
+        None => client.create_topic(topic).await,
+        Some(ranges) => client.create_topic_with_ranges(topic, ranges).await,
     };
     match created {
         Err(error) if error.reason() == Some(Reason::AlreadyExists) => Ok(()),
@@ -211,10 +294,10 @@ struct Load {
 }
 
 impl Load {
-    fn new(args: &WireArgs, index: usize, deadline: Instant) -> Load {
+    fn new(args: &WireArgs, topic: &str, index: usize, deadline: Instant) -> Load {
         let value_len = usize::try_from(args.record_bytes).unwrap_or(usize::MAX);
         Load {
-            topic: args.topic.clone(),
+            topic: topic.to_string(),
             batch: args.batch,
             value: Bytes::from(vec![b'x'; value_len]),
             keys: args.keys,
@@ -239,6 +322,7 @@ impl Load {
             match client.produce(&self.topic, records).await {
                 Ok(count) => {
                     tally.latencies.record_us(micros(sent.elapsed()));
+                    tally.requests += 1;
                     tally.records += u64::from(count);
                     tally.bytes += bytes;
                 }
@@ -299,6 +383,7 @@ async fn gather(mut tasks: JoinSet<Result<Tally, ClientError>>) -> Result<Tally,
     let mut total = Tally::default();
     while let Some(joined) = tasks.join_next().await {
         let tally = joined.map_err(|_| ClientError::Closed)??;
+        total.requests += tally.requests;
         total.records += tally.records;
         total.bytes += tally.bytes;
         total.retried_errors += tally.retried_errors;
@@ -339,26 +424,39 @@ fn figures(
         round_trip_p99_us: floor.percentile_us(0.99),
         ack_to_round_trip_p50: ratio(ack_p50_us, round_trip_p50_us),
         retried_errors: produced.retried_errors + consumed.retried_errors,
+        ranges: 0,
+        topics: 1,
+        produce_requests: produced.requests,
+        disk_flushes_per_request: None,
+        mb_per_s_vs_first: 1.0,
     }
 }
 
 fn print_text(args: &WireArgs, figures: &Figures) {
+    let shape = match figures.ranges {
+        0 => format!("topic {}", args.topic),
+        ranges => format!("{ranges} ranges over {} topic(s)", figures.topics),
+    };
     println!(
-        "bench wire: {} mode, {} connections, {} records x {} B per produce, {} keys, \
-         topic {}, {:.1} s",
+        "bench wire: {} mode, {} connections, {} records x {} B per produce, {} keys, {shape}, \
+         {:.1} s",
         args.mode.to_possible_value().map(|value| value.get_name().to_string()).unwrap_or_default(),
         args.connections,
         args.batch,
         args.record_bytes,
         args.keys,
-        args.topic,
         figures.seconds
     );
     if args.mode != Mode::Consume {
+        let flushes = figures
+            .disk_flushes_per_request
+            .map_or(String::new(), |flushes| format!("   {flushes:.2} disk flushes/request"));
         println!(
-            "produced  {:>12.0} records/s {:>9.1} MB/s   ack p50/p99/p999 {}/{}/{} us",
+            "produced  {:>12.0} records/s {:>9.1} MB/s ({:.2} of the first run)   ack \
+             p50/p99/p999 {}/{}/{} us{flushes}",
             figures.produced_records_per_s,
             figures.produced_mb_per_s,
+            figures.mb_per_s_vs_first,
             figures.ack_p50_us,
             figures.ack_p99_us,
             figures.ack_p999_us
