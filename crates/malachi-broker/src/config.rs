@@ -29,6 +29,8 @@ pub struct BrokerConfig {
     pub group_commit_max_bytes: u64,
     /// How a group-commit round that wrote several segments makes them durable.
     pub group_commit_barrier: crate::data::Barrier,
+    /// Size of the node journal file, preallocated at first boot.
+    pub journal_bytes: u64,
     pub retention_max_age_ms: Option<u64>,
     pub retention_max_bytes: Option<u64>,
     pub retention_interval_ms: u64,
@@ -145,6 +147,7 @@ impl BrokerConfig {
             group_commit_max_bytes: sources
                 .number("GROUP_COMMIT_FLUSH_MAX_BYTES", 8 * 1024 * 1024)?,
             group_commit_barrier: barrier(sources)?,
+            journal_bytes: sources.number("JOURNAL_BYTES", 128 * 1024 * 1024)?,
             retention_max_age_ms: sources.optional("RETENTION_MAX_AGE_MS", "milliseconds")?,
             retention_max_bytes: sources.optional("RETENTION_MAX_BYTES", "bytes")?,
             retention_interval_ms: sources.number("RETENTION_INTERVAL_MS", 60_000)?,
@@ -227,11 +230,14 @@ fn barrier(sources: &Sources<'_>) -> Result<crate::data::Barrier, ConfigError> {
     match sources.raw("GROUP_COMMIT_BARRIER") {
         None => Ok(Barrier::default()),
         Some((variable, value)) => match value.trim() {
+            "journal" => Ok(Barrier::Journal),
             "files" => Ok(Barrier::Files),
             "filesystem" => Ok(Barrier::Filesystem),
-            _ => {
-                Err(ConfigError::Invalid { name: variable, value, expected: "files or filesystem" })
-            }
+            _ => Err(ConfigError::Invalid {
+                name: variable,
+                value,
+                expected: "journal, files or filesystem",
+            }),
         },
     }
 }

@@ -18,6 +18,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use malachi_log::journal::Journal;
 use malachi_log::{
     AppendError, AppendTicket, CleanClose, CommitStats, Committer, OpenError, ReadBatch, ReadError,
     Record, RecoveryReport, SealError, SealInfo, Segment, SegmentConfig, Storage,
@@ -68,8 +69,11 @@ pub enum DataError {
 /// How a round of the group commit that wrote several segments makes them durable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Barrier {
-    /// `fdatasync` of each written file, issued together.
+    /// One sequential write and `fdatasync` of the node journal; the segment files are written
+    /// behind and synced at checkpoints (`malachi_log::journal`).
     #[default]
+    Journal,
+    /// `fdatasync` of each written file, issued together.
     Files,
     /// One `syncfs` of the data directory's filesystem: faster on a filesystem of its own, but
     /// it also flushes every other writer of a shared one.
@@ -79,21 +83,38 @@ pub enum Barrier {
 /// Threads that issue one round's `fdatasync`s together.
 const PARALLEL_SYNCS: usize = 16;
 
-fn committer_for(
-    storage: &dyn Storage,
-    data_dir: &Path,
-    config: &SegmentConfig,
+/// What a data plane's group commit is made of.
+struct CommitSetup<'a> {
+    config: &'a SegmentConfig,
     io_mode: IoMode,
     barrier: Barrier,
+    journal_bytes: u64,
+    open_segments_max: usize,
+}
+
+fn committer_for(
+    storage: &Arc<dyn Storage>,
+    data_dir: &Path,
+    commit: CommitSetup<'_>,
 ) -> io::Result<Arc<Committer>> {
-    // Opened before any segment write, so it sees every write-back error after boot.
-    let filesystem = match barrier {
-        Barrier::Filesystem => Some(storage.filesystem_sync(data_dir)?),
-        Barrier::Files => None,
-    };
-    let parallel = if io_mode == IoMode::Inline { 1 } else { PARALLEL_SYNCS };
-    let linger = std::time::Duration::from_micros(config.group_commit.linger_us);
-    Ok(Committer::new(filesystem, parallel, linger))
+    let parallel = if commit.io_mode == IoMode::Inline { 1 } else { PARALLEL_SYNCS };
+    let linger = std::time::Duration::from_micros(commit.config.group_commit.linger_us);
+    match commit.barrier {
+        Barrier::Journal => {
+            let (journal, report) = Journal::open(storage, data_dir, commit.journal_bytes)?;
+            if report.entries > 0 {
+                tracing::info!(?report, "replayed the node journal into the segment files");
+            }
+            // Half the open-segment cap may be held open behind the journal.
+            let behind = (data_dir.to_path_buf(), commit.open_segments_max / 2);
+            Ok(Committer::with_journal(None, parallel, linger, journal, behind))
+        }
+        // Opened before any segment write, so it sees every write-back error after boot.
+        Barrier::Filesystem => {
+            Ok(Committer::new(Some(storage.filesystem_sync(data_dir)?), parallel, linger))
+        }
+        Barrier::Files => Ok(Committer::new(None, parallel, linger)),
+    }
 }
 
 /// Where blocking storage calls run.
@@ -252,7 +273,14 @@ impl DataPlane {
         config: SegmentConfig,
         io_mode: IoMode,
     ) -> io::Result<DataPlane> {
-        let committer = committer_for(&*storage, data_dir, &config, io_mode, Barrier::Files)?;
+        let commit = CommitSetup {
+            config: &config,
+            io_mode,
+            barrier: Barrier::Files,
+            journal_bytes: 0,
+            open_segments_max: OPEN_SEGMENTS_MAX_DEFAULT,
+        };
+        let committer = committer_for(&storage, data_dir, commit)?;
         Ok(DataPlane {
             io_mode,
             storage,
@@ -269,13 +297,26 @@ impl DataPlane {
         })
     }
 
-    /// Ends rounds of several segments with one `syncfs` instead of an `fdatasync` per file
-    /// (`MALACHI_GROUP_COMMIT_BARRIER=filesystem`). Before the first segment opens.
-    pub fn with_barrier(mut self, barrier: Barrier) -> io::Result<DataPlane> {
+    /// How rounds of several segments become durable (`MALACHI_GROUP_COMMIT_BARRIER`): through
+    /// the node journal of `journal_bytes` (opened and replayed here, before any segment), one
+    /// `syncfs`, or an `fdatasync` per file. Before the first segment opens.
+    pub fn with_barrier(mut self, barrier: Barrier, journal_bytes: u64) -> io::Result<DataPlane> {
         assert_eq!(self.open_segments(), 0, "the barrier is chosen before segments open");
-        self.committer =
-            committer_for(&*self.storage, &self.data_dir, &self.config, self.io_mode, barrier)?;
+        let commit = CommitSetup {
+            config: &self.config,
+            io_mode: self.io_mode,
+            barrier,
+            journal_bytes,
+            open_segments_max: self.open_segments_max,
+        };
+        self.committer = committer_for(&self.storage, &self.data_dir, commit)?;
         Ok(self)
+    }
+
+    /// Whether the group commit stopped taking writes (a journal checkpoint failed): only a
+    /// restart, replaying the journal, makes the node writable again.
+    pub fn commit_failed(&self) -> bool {
+        self.committer.failed()
     }
 
     /// Rounds of the node's group commit so far, and the barriers they cost.
@@ -359,6 +400,13 @@ impl DataPlane {
             return Ok(Opened { segment, fresh: false, report_created: false });
         }
         let listed = listed().ok_or(DataError::Gone(key))?;
+        if self.committer.failed() {
+            // Files written behind the journal may lack acknowledged bytes the page cache
+            // showed: only a restart's replay restores them, so nothing is recovered until then.
+            return Err(DataError::Io(io::Error::other(
+                "the group commit failed a sync: the broker must restart to replay its journal",
+            )));
+        }
         let clean = self.lock_open().closed.remove(&key);
         let ensure_dir = match self.canary_skip_dir_sync {
             true => EnsureDir::WithoutSync,

@@ -171,9 +171,11 @@ impl Broker {
         };
         let data =
             DataPlane::with_io_mode(Arc::clone(&deps.storage), &data_dir, segments, deps.io_mode)
-                .and_then(|data| data.with_barrier(deps.config.group_commit_barrier))
+                .map(|data| data.with_open_segments_max(deps.config.max_open_segments as usize))
+                .and_then(|data| {
+                    data.with_barrier(deps.config.group_commit_barrier, deps.config.journal_bytes)
+                })
                 .map_err(|source| data_dir_error(&data_dir, source))?
-                .with_open_segments_max(deps.config.max_open_segments as usize)
                 .with_canary_skip_dir_sync(deps.canaries.skip_dir_sync);
         let broker = Arc::new_cyclic(|me| Broker {
             me: me.clone(),

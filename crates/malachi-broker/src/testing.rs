@@ -17,6 +17,8 @@ pub fn config(data_dir: &Path, settings: &[(&str, &str)]) -> BrokerConfig {
     let mut flags: BTreeMap<String, String> = BTreeMap::new();
     flags.insert("LOG_DATA_DIR".into(), data_dir.display().to_string());
     flags.insert("ADMIN_PASS".into(), ADMIN_PASSWORD.into());
+    // A small journal: fast to create, and checkpoints happen often.
+    flags.insert("JOURNAL_BYTES".into(), "2097152".into());
     for (name, value) in settings {
         flags.insert(name.to_string(), value.to_string());
     }

@@ -10,6 +10,7 @@
 pub mod error;
 pub mod format;
 pub mod index;
+pub mod journal;
 pub mod limits;
 pub mod record;
 pub mod rng;

@@ -164,9 +164,9 @@ struct Swarm {
     auto_split: bool,
     segment_max_bytes: u64,
     retention_bytes: u64,
-    /// Group-commit rounds of several segments end with one `syncfs` rather than one
-    /// `fdatasync` per file.
-    syncfs_barrier: bool,
+    /// How group-commit rounds of several segments become durable: `journal`, `files` or
+    /// `filesystem`.
+    barrier: &'static str,
 }
 
 impl Swarm {
@@ -225,7 +225,7 @@ impl Swarm {
             auto_split: pick(&[0, 1]) == 1,
             segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
             retention_bytes: pick(&[8_192, 65_536]),
-            syncfs_barrier: pick(&[0, 1]) == 1,
+            barrier: ["journal", "journal", "files", "filesystem"][pick(&[0, 1, 2, 3]) as usize],
         };
         match canary {
             Some(Canary::AckBeforeFsync) => {
@@ -266,10 +266,7 @@ impl Swarm {
             ("RESHAPE_COOLDOWN_MS", "500".into()),
             ("SEGMENT_MAX_BYTES", self.segment_max_bytes.to_string()),
             ("RETENTION_INTERVAL_MS", "250".into()),
-            (
-                "GROUP_COMMIT_BARRIER",
-                if self.syncfs_barrier { "filesystem" } else { "files" }.into(),
-            ),
+            ("GROUP_COMMIT_BARRIER", self.barrier.into()),
         ]
     }
 }
@@ -464,7 +461,12 @@ impl World {
         self.clock.set(wall_ms);
         self.net.deliver(self.now_ms);
         self.node.step(TICK);
-        if let Some(reason) = self.node.store_poisoned() {
+        if self.node.broker().is_some_and(|broker| broker.data_plane().commit_failed()) {
+            // A failed journal checkpoint stops writes until a restart replays the journal.
+            self.record("fail-stop: group commit".into());
+            self.stats.fail_stops += 1;
+            self.crash(1, CrashKind::Process);
+        } else if let Some(reason) = self.node.store_poisoned() {
             // A node whose Raft store failed stops (fail-stop), as a real one exits: the
             // process dies, the kernel keeps the page cache, and it comes back at once.
             self.record(format!("fail-stop: raft store {}", reason_name(&reason)));

@@ -114,7 +114,14 @@ async fn serve(mut config: BrokerConfig, node_id: u64) -> Result<(), String> {
         );
     }
     let maintenance = broker.spawn_maintenance();
-    server.run(wait_for_signal()).await;
+    let stop = async {
+        tokio::select! {
+            biased;
+            () = wait_for_signal() => {}
+            () = commit_failure(&broker) => {}
+        }
+    };
+    server.run(stop).await;
     maintenance.abort();
     broker.shutdown().await;
     eprintln!("malachi stopped");
@@ -160,6 +167,21 @@ fn raise_descriptor_limit() -> std::io::Result<u64> {
         }
     }
     Ok(limit.rlim_cur)
+}
+
+/// Resolves if the group commit stops taking writes (a journal checkpoint failed on storage):
+/// the broker then stops, as it must not go on with segment files whose acknowledged bytes the
+/// disk may have dropped; a restart replays the journal and restores them.
+async fn commit_failure(broker: &Broker) {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        if broker.data_plane().commit_failed() {
+            tracing::error!(
+                "a journal checkpoint failed on storage: stopping; a restart replays the journal"
+            );
+            return;
+        }
+    }
 }
 
 async fn wait_for_signal() {

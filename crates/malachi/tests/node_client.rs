@@ -19,6 +19,7 @@ fn a_node_client_written_from_the_spec_is_served() {
         .arg(dir.path().join("data"))
         .env("MALACHI_ADMIN_PASS", "admin-password-long")
         .env("MALACHI_DEFAULT_USERS", "app:app123:produce,consume")
+        .env("MALACHI_JOURNAL_BYTES", "4194304")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -24,8 +24,12 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use super::Segment;
+use super::core::FlushJob;
 use crate::error::PoisonCause;
+use crate::journal::{Journal, JournalEntry};
 use crate::storage::FilesystemSync;
 
 /// Durable writes of a node, and how many barriers they cost.
@@ -39,6 +43,10 @@ pub struct CommitStats {
     pub file_syncs: u64,
     /// `syncfs` calls of rounds that wrote several.
     pub filesystem_syncs: u64,
+    /// Rounds made durable by the node journal (one write and one `fdatasync` each).
+    pub journal_rounds: u64,
+    /// Checkpoints: segment files written behind the journal, synced so it could start over.
+    pub checkpoints: u64,
 }
 
 /// The node's group commit; shared by every segment the node has open.
@@ -52,6 +60,8 @@ pub struct Committer {
     parallel_syncs: usize,
     /// How long a round leader waits for more records before it starts.
     linger: Duration,
+    /// The node journal, for rounds of several segments (see `crate::journal`).
+    journal: Option<Mutex<JournalState>>,
     state: Mutex<CommitState>,
     /// Signalled when a round ends.
     round_done: Condvar,
@@ -66,7 +76,25 @@ struct CommitState {
     finished: u64,
     /// The previous round's `syncfs` failed: this one fails too (see the module header).
     fail_next: bool,
+    /// A checkpoint failed: segment files hold acknowledged bytes the disk may not, which only
+    /// replaying the journal after a restart restores. Every round fails until then.
+    failed: bool,
     stats: CommitStats,
+}
+
+#[derive(Debug)]
+struct JournalState {
+    journal: Journal,
+    /// The directory entries' paths are relative to.
+    root: PathBuf,
+    /// Segments written behind the journal since its last checkpoint (each once). They stay
+    /// open until it: their files must be synced before the journal lets go of their bytes.
+    behind: Vec<Arc<Segment>>,
+    /// More segments than this behind the journal force a checkpoint, so that the segments it
+    /// holds open never crowd out the node's open-segment cap (and its file descriptors).
+    behind_max: usize,
+    /// A journal write or sync failed: it is not used again in this process.
+    broken: bool,
 }
 
 impl Committer {
@@ -81,9 +109,46 @@ impl Committer {
             filesystem,
             parallel_syncs: parallel_syncs.max(1),
             linger,
+            journal: None,
             state: Mutex::new(CommitState::default()),
             round_done: Condvar::new(),
         })
+    }
+
+    /// A committer whose rounds of several segments go through `journal` (opened, and so
+    /// replayed, before any segment it will see), entries naming files relative to `root`.
+    pub fn with_journal(
+        filesystem: Option<Box<dyn FilesystemSync>>,
+        parallel_syncs: usize,
+        linger: Duration,
+        journal: Journal,
+        (root, behind_max): (PathBuf, usize),
+    ) -> Arc<Committer> {
+        let behind_max = behind_max.max(2);
+        let state = JournalState { journal, root, behind: Vec::new(), behind_max, broken: false };
+        Arc::new(Committer {
+            filesystem,
+            parallel_syncs: parallel_syncs.max(1),
+            linger,
+            journal: Some(Mutex::new(state)),
+            state: Mutex::new(CommitState::default()),
+            round_done: Condvar::new(),
+        })
+    }
+
+    /// Whether a failed sync stopped all writes until a restart (only behind a journal).
+    pub fn failed(&self) -> bool {
+        self.lock().failed
+    }
+
+    /// A segment file's `fdatasync` failed. Behind a journal the pages it dropped may hold
+    /// acknowledged bytes written behind it, which only a replay restores: nothing may recover
+    /// (and cut) that file in this process, so the committer stops taking writes and the node
+    /// must restart. Without a journal the segment's own poison is enough.
+    pub(crate) fn sync_failed(&self) {
+        if self.journal.is_some() {
+            self.lock().failed = true;
+        }
     }
 
     /// A committer for a segment used on its own: each round syncs its files one by one.
@@ -138,21 +203,32 @@ impl Committer {
                 .0;
         }
         let dirty = std::mem::take(&mut state.dirty);
-        let fail_this = std::mem::take(&mut state.fail_next);
+        let fail_this = std::mem::take(&mut state.fail_next) || state.failed;
         drop(state);
-        let jobs: Vec<(Arc<Segment>, super::core::FlushJob)> = dirty
+        let jobs: Vec<(Arc<Segment>, FlushJob)> = dirty
             .iter()
             .filter_map(Weak::upgrade)
             .filter_map(|segment| segment.take_job().map(|job| (segment, job)))
             .collect();
-        let (outcomes, barrier) = self.write_and_sync(&jobs, fail_this);
+        let journaled = if fail_this { None } else { self.journaled_round(&jobs) };
+        let (outcomes, barrier) = match journaled {
+            Some(done) => done,
+            None => self.write_and_sync(&jobs, fail_this),
+        };
         let batches = jobs.len();
         for ((segment, job), outcome) in jobs.into_iter().zip(outcomes) {
             segment.finish_job(job, outcome);
         }
+        // After the acknowledgements, still inside the round: nothing else touches the journal.
+        let crowded = self.checkpoint_if_crowded();
         let mut state = self.lock();
-        if let Barrier::Filesystem(Err(())) = barrier {
-            state.fail_next = true;
+        if crowded == Some(Err(())) {
+            state.failed = true;
+        }
+        match barrier {
+            Barrier::Filesystem(Err(())) => state.fail_next = true,
+            Barrier::Journal { checkpoint: Some(Err(())), .. } => state.failed = true,
+            _ => {}
         }
         state.stats.record(barrier, batches);
         state.running = false;
@@ -161,11 +237,131 @@ impl Committer {
         state
     }
 
+    /// A round through the journal: the entries are written and synced there first, then each
+    /// segment's bytes are written behind (no sync). `None` when the journal is not for this
+    /// round (no journal, a broken one, a round larger than the journal, the canary); the caller
+    /// then writes and syncs the segment files themselves.
+    fn journaled_round(
+        &self,
+        jobs: &[(Arc<Segment>, FlushJob)],
+    ) -> Option<(Vec<Result<(), PoisonCause>>, Barrier)> {
+        let mut journal = self.journal.as_ref()?.lock().expect("journal lock poisoned");
+        // Every round goes through the journal while it works, even a round of one segment: a
+        // segment written around the journal could later be overwritten by a replay of an
+        // older journal entry for the same bytes (one whose write behind had failed).
+        if journal.broken || jobs.is_empty() {
+            return None;
+        }
+        // The canary: the journal is written but not synced before the acknowledgement.
+        let sync = !jobs.iter().any(|(segment, _)| segment.skips_sync());
+        let root = journal.root.clone();
+        let entries: Vec<JournalEntry<'_>> = jobs
+            .iter()
+            .map(|(segment, job)| JournalEntry {
+                path: segment.path_under(&root),
+                position: job.position,
+                bytes: &job.buffer,
+            })
+            .collect();
+        let mut checkpoints = 0;
+        if entries.iter().any(|entry| !journal.journal.could_fit(std::slice::from_ref(entry))) {
+            // One batch is larger than the journal: the round goes around it, after a
+            // checkpoint, so that no older entry for these files can ever be replayed over it.
+            if self.checkpoint(&mut journal).is_err() {
+                return Some(self.fail_round(jobs, "a journal checkpoint failed", Some(Err(()))));
+            }
+            self.lock().stats.checkpoints += 1;
+            return None;
+        }
+        let mut outcomes = Vec::with_capacity(jobs.len());
+        let mut start = 0;
+        while start < jobs.len() {
+            // As many entries as fit before the end; a checkpoint first if not even one does.
+            if !journal.journal.fits(&entries[start..=start]) {
+                checkpoints += 1;
+                if self.checkpoint(&mut journal).is_err() {
+                    return Some(self.fail_round(
+                        jobs,
+                        "a journal checkpoint failed",
+                        Some(Err(())),
+                    ));
+                }
+            }
+            let mut end = start + 1;
+            while end < jobs.len() && journal.journal.fits(&entries[start..=end]) {
+                end += 1;
+            }
+            if let Err(error) = journal.journal.write_round(&entries[start..end], sync) {
+                journal.broken = true;
+                // Stop depending on the journal: what was written behind it must be durable.
+                let checkpoint = Some(self.checkpoint(&mut journal));
+                let kind = error.kind();
+                let mut failed = self.fail_round(jobs, "a journal write failed", checkpoint);
+                failed.0.iter_mut().for_each(|outcome| *outcome = Err(PoisonCause::Sync(kind)));
+                return Some(failed);
+            }
+            // Behind the journal before any later checkpoint, which syncs what is behind it.
+            for (segment, job) in &jobs[start..end] {
+                let outcome = segment.write_job(job);
+                // A failed write behind is in the journal all the same; the segment poisons.
+                if outcome.is_ok() && !journal.behind.iter().any(|held| Arc::ptr_eq(held, segment))
+                {
+                    journal.behind.push(Arc::clone(segment));
+                }
+                outcomes.push(outcome);
+            }
+            start = end;
+        }
+        let checkpoint = (checkpoints > 0).then_some(Ok(()));
+        Some((outcomes, Barrier::Journal { checkpoint }))
+    }
+
+    /// Every job of a round fails, for `why`.
+    fn fail_round(
+        &self,
+        jobs: &[(Arc<Segment>, FlushJob)],
+        why: &str,
+        checkpoint: Option<Result<(), ()>>,
+    ) -> (Vec<Result<(), PoisonCause>>, Barrier) {
+        let error = std::io::Error::other(why.to_string());
+        (vec![Err(PoisonCause::Sync(error.kind())); jobs.len()], Barrier::Journal { checkpoint })
+    }
+
+    /// Checkpoints if more segments are held open behind the journal than it may hold.
+    fn checkpoint_if_crowded(&self) -> Option<Result<(), ()>> {
+        let mut journal = self.journal.as_ref()?.lock().expect("journal lock poisoned");
+        if journal.broken || journal.behind.len() <= journal.behind_max {
+            return None;
+        }
+        let done = self.checkpoint(&mut journal);
+        self.lock().stats.checkpoints += 1;
+        Some(done)
+    }
+
+    /// Syncs every segment file written behind the journal, then lets the journal start over.
+    /// On failure the journal keeps everything (nothing is rewound) and the committer stops
+    /// taking writes: only a restart's replay can restore what the failed syncs dropped.
+    fn checkpoint(&self, journal: &mut JournalState) -> Result<(), ()> {
+        let behind = std::mem::take(&mut journal.behind);
+        let synced = match &self.filesystem {
+            Some(filesystem) if behind.len() > 1 => vec![filesystem.sync_all()],
+            _ => {
+                let segments: Vec<&Segment> = behind.iter().map(|segment| &**segment).collect();
+                self.sync_files(&segments)
+            }
+        };
+        if synced.iter().any(Result::is_err) || journal.journal.checkpoint_done().is_err() {
+            journal.broken = true;
+            return Err(());
+        }
+        Ok(())
+    }
+
     /// Writes every job, then makes the written ones durable together. Returns each job's
     /// outcome and which barrier ran.
     fn write_and_sync(
         &self,
-        jobs: &[(Arc<Segment>, super::core::FlushJob)],
+        jobs: &[(Arc<Segment>, FlushJob)],
         fail_this: bool,
     ) -> (Vec<Result<(), PoisonCause>>, Barrier) {
         let mut outcomes: Vec<Result<(), PoisonCause>> =
@@ -248,6 +444,10 @@ enum Barrier {
     Forced,
     Files(u64),
     Filesystem(Result<(), ()>),
+    /// The journal's write and sync, after a checkpoint if one was needed.
+    Journal {
+        checkpoint: Option<Result<(), ()>>,
+    },
 }
 
 impl CommitStats {
@@ -256,6 +456,10 @@ impl CommitStats {
             Barrier::None | Barrier::Forced => return,
             Barrier::Files(count) => self.file_syncs += count,
             Barrier::Filesystem(_) => self.filesystem_syncs += 1,
+            Barrier::Journal { checkpoint } => {
+                self.journal_rounds += 1;
+                self.checkpoints += u64::from(checkpoint.is_some());
+            }
         }
         self.rounds += 1;
         self.batches += batches as u64;

@@ -132,6 +132,8 @@ pub fn segment_paths(dir: &Path, segment_id: u64) -> (PathBuf, PathBuf) {
 pub struct Segment {
     segment_id: u64,
     storage: Arc<dyn Storage>,
+    /// The data file, as the node journal names it (relative to the journal's directory).
+    data_path: PathBuf,
     index_path: PathBuf,
     file: Box<dyn StorageFile>,
     config: SegmentConfig,
@@ -181,7 +183,7 @@ impl Segment {
         let index = SparseIndex::new(config.index_interval_bytes);
         let core =
             Core::new(0, 0, SEGMENT_HEADER_BYTES, index, None, config.limits, config.group_commit);
-        let parts = Parts { segment_id, storage, index_path, file, config };
+        let parts = Parts { segment_id, storage, data_path, index_path, file, config };
         Ok(Segment::assemble(parts, core, committer))
     }
 
@@ -244,7 +246,7 @@ impl Segment {
             None => recover_unsealed(file.as_ref(), file_len, header, &config, recovery)?,
         };
         let (core, report) = recovered;
-        let parts = Parts { segment_id, storage, index_path, file, config };
+        let parts = Parts { segment_id, storage, data_path, index_path, file, config };
         Ok((Segment::assemble(parts, core, committer), report))
     }
 
@@ -319,15 +321,16 @@ impl Segment {
                 config.group_commit,
             )
         };
-        let parts = Parts { segment_id, storage, index_path, file, config };
+        let parts = Parts { segment_id, storage, data_path, index_path, file, config };
         Ok(Segment::assemble(parts, core, committer))
     }
 
     fn assemble(parts: Parts, core: Core, committer: &Arc<Committer>) -> Arc<Segment> {
-        let Parts { segment_id, storage, index_path, file, config } = parts;
+        let Parts { segment_id, storage, data_path, index_path, file, config } = parts;
         Arc::new_cyclic(|me| Segment {
             segment_id,
             storage,
+            data_path,
             index_path,
             file,
             config,
@@ -452,7 +455,7 @@ impl Segment {
             .file
             .write_all_at(&[&trailer.encode()], info.data_bytes)
             .map_err(|error| PoisonCause::from_write(&error))
-            .and_then(|()| self.file.sync_data().map_err(|error| PoisonCause::Sync(error.kind())));
+            .and_then(|()| self.sync_file().map_err(|error| PoisonCause::Sync(error.kind())));
         if let Err(cause) = outcome {
             core.poisoned.get_or_insert(cause);
             return Err(SealError::Poisoned { cause });
@@ -580,9 +583,20 @@ impl Segment {
             .map_err(|error| PoisonCause::from_write(&error))
     }
 
+    /// The data file's path relative to `root` (absolute if it is not under it).
+    fn path_under(&self, root: &Path) -> &Path {
+        self.data_path.strip_prefix(root).unwrap_or(&self.data_path)
+    }
+
     /// For a round of one segment: `fdatasync` of this file.
+    /// `fdatasync` of this file. A failure is also the committer's business: behind a journal
+    /// it may have dropped acknowledged bytes only the journal still holds.
     fn sync_file(&self) -> io::Result<()> {
-        self.file.sync_data()
+        let synced = self.file.sync_data();
+        if synced.is_err() {
+            self.committer.sync_failed();
+        }
+        synced
     }
 
     /// Whether this segment's batches may be acknowledged without a sync (the canary).
@@ -616,6 +630,7 @@ enum Recovery {
 struct Parts {
     segment_id: u64,
     storage: Arc<dyn Storage>,
+    data_path: PathBuf,
     index_path: PathBuf,
     file: Box<dyn StorageFile>,
     config: SegmentConfig,

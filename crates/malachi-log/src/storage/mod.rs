@@ -58,6 +58,8 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Renames a file, replacing `to` if it exists; durable once the directory is synced.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Whether a file or a directory exists at `path`.
     fn exists(&self, path: &Path) -> io::Result<bool>;
     /// Paths of the files directly in `dir`, sorted.

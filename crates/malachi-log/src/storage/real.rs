@@ -44,6 +44,10 @@ impl Storage for RealStorage {
         fs::remove_file(path)
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
     fn exists(&self, path: &Path) -> io::Result<bool> {
         path.try_exists()
     }

@@ -380,6 +380,23 @@ impl Storage for SimStorage {
         Ok(())
     }
 
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut state = self.lock();
+        state.tick()?;
+        let mut file = state.files.remove(from).ok_or_else(|| not_found(from))?;
+        if file.entry_durable {
+            // Until the directory is synced, a crash finds the file under its old name.
+            state.unsynced_removals.insert(from.to_path_buf(), file.clone());
+        }
+        file.entry_durable = false;
+        if let Some(replaced) = state.files.insert(to.to_path_buf(), file)
+            && replaced.entry_durable
+        {
+            state.unsynced_removals.insert(to.to_path_buf(), replaced);
+        }
+        Ok(())
+    }
+
     fn exists(&self, path: &Path) -> io::Result<bool> {
         let state = self.lock();
         state.check_up()?;

@@ -51,6 +51,7 @@ impl BrokerProcess {
             .env("MALACHI_ADMIN_PASS", "admin-password-long")
             .env("MALACHI_DEFAULT_USERS", format!("app:{PASSWORD}:produce,consume"))
             .env("MALACHI_AUTO_SPLIT_ENABLED", "false")
+            .env("MALACHI_JOURNAL_BYTES", "4194304")
             .envs(self.env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,0 +1,210 @@
+//! The journal alone (rounds, replay, checkpoints) and under a committer of many segments,
+//! through power losses at every point.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::*;
+use crate::record::Record;
+use crate::segment::{Committer, Segment, SegmentConfig};
+use crate::storage::{SimFaults, SimStorage, create_dir_durable};
+
+fn root() -> PathBuf {
+    PathBuf::from("/node")
+}
+
+fn sim_with_root(seed: u64) -> (SimStorage, Arc<dyn Storage>) {
+    let sim = SimStorage::new(seed);
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    create_dir_durable(&*storage, Path::new("/"), &root().join("segments")).unwrap();
+    (sim, storage)
+}
+
+/// A file the journal replays into.
+fn target(storage: &Arc<dyn Storage>, name: &str) -> PathBuf {
+    let path = root().join("segments").join(name);
+    storage.open(&path, OpenMode::CreateNew).unwrap();
+    storage.sync_dir(&root().join("segments")).unwrap();
+    PathBuf::from("segments").join(name)
+}
+
+#[test]
+fn durable_rounds_are_replayed_into_their_files_and_a_torn_one_is_not() {
+    let (sim, storage) = sim_with_root(1);
+    let (a, b) = (target(&storage, "a"), target(&storage, "b"));
+    let (mut journal, report) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    assert_eq!(report, ReplayReport::default(), "a new journal has nothing to replay");
+    let round = |bytes_a: &'static [u8], at_a, bytes_b: &'static [u8], at_b| {
+        [
+            JournalEntry { path: &a, position: at_a, bytes: bytes_a },
+            JournalEntry { path: &b, position: at_b, bytes: bytes_b },
+        ]
+    };
+    journal.write_round(&round(b"hello", 0, b"wor", 0), true).unwrap();
+    journal.write_round(&round(b" there", 5, b"ld", 3), true).unwrap();
+    // A third round reaches the page cache only, then the power goes.
+    sim.set_faults(SimFaults { crash_keeps_unsynced_prefix: false, ..SimFaults::default() });
+    let third = round(b"!!", 11, b"??", 5);
+    let buffer = {
+        let mut buffer = Vec::new();
+        for entry in &third {
+            encode_entry(&mut buffer, 3, entry);
+        }
+        buffer
+    };
+    journal.file.write_all_at(&[&buffer], journal.position).unwrap();
+    drop(journal);
+    sim.restart();
+    let (_, report) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    assert_eq!((report.rounds, report.entries, report.files), (2, 4, 2));
+    let file_a = sim.durable_bytes(&root().join(&a)).unwrap();
+    let file_b = sim.durable_bytes(&root().join(&b)).unwrap();
+    assert_eq!((&file_a[..], &file_b[..]), (&b"hello there"[..], &b"world"[..]));
+}
+
+#[test]
+fn a_checkpoint_starts_over_and_replay_ignores_the_previous_lap() {
+    let (sim, storage) = sim_with_root(2);
+    let a = target(&storage, "a");
+    let (mut journal, _) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    let chunk = vec![7u8; 100_000];
+    let mut rounds_before_rewind = 0;
+    let mut position = 0;
+    loop {
+        let entry = [JournalEntry { path: &a, position, bytes: &chunk }];
+        if !journal.fits(&entry) {
+            break;
+        }
+        journal.write_round(&entry, true).unwrap();
+        position += chunk.len() as u64;
+        rounds_before_rewind += 1;
+    }
+    assert!(rounds_before_rewind >= 9, "a 1 MiB journal holds {rounds_before_rewind} rounds");
+    // The checkpoint promises the file is durable: make it so, as the committer does.
+    let file = storage.open(&root().join(&a), OpenMode::Existing).unwrap();
+    file.write_all_at(&[&vec![7u8; position as usize]], 0).unwrap();
+    file.sync_data().unwrap();
+    journal.checkpoint_done().unwrap();
+    let late = [JournalEntry { path: &a, position, bytes: b"late" }];
+    journal.write_round(&late, true).unwrap();
+    drop(journal);
+    sim.restart();
+    let (_, report) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    assert_eq!((report.rounds, report.entries), (1, 1), "only the round after the checkpoint");
+    let bytes = sim.durable_bytes(&root().join(&a)).unwrap();
+    assert_eq!(&bytes[position as usize..], b"late");
+}
+
+#[test]
+fn entries_of_a_deleted_file_are_skipped() {
+    let (sim, storage) = sim_with_root(3);
+    let a = target(&storage, "a");
+    let (mut journal, _) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    journal.write_round(&[JournalEntry { path: &a, position: 0, bytes: b"x" }], true).unwrap();
+    storage.remove(&root().join(&a)).unwrap();
+    storage.sync_dir(&root().join("segments")).unwrap();
+    drop(journal);
+    sim.restart();
+    let (_, report) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    assert_eq!((report.entries, report.skipped), (0, 1));
+    assert!(!storage.exists(&root().join(&a)).unwrap(), "replay never creates a file");
+}
+
+fn records(count: usize, tag: &str) -> Vec<Record> {
+    let filler = "x".repeat(200);
+    (0..count)
+        .map(|at| Record::keyed(format!("k{}", at % 3), format!("{tag}-{at}-{filler}"), 1))
+        .collect()
+}
+
+/// A node of `count` segments whose rounds go through a small journal (so checkpoints
+/// happen every few rounds).
+fn journaled_node(storage: &Arc<dyn Storage>, count: u64) -> (Arc<Committer>, Vec<Arc<Segment>>) {
+    let (journal, _) = Journal::open(storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    let committer =
+        Committer::with_journal(None, 1, std::time::Duration::ZERO, journal, (root(), 1024));
+    let dir = root().join("segments");
+    let segments = (1..=count)
+        .map(|id| {
+            Segment::open(Arc::clone(storage), &dir, id, SegmentConfig::default(), &committer)
+                .map(|(segment, _)| segment)
+                .or_else(|_| {
+                    Segment::create(
+                        Arc::clone(storage),
+                        &dir,
+                        id,
+                        SegmentConfig::default(),
+                        &committer,
+                    )
+                })
+                .unwrap()
+        })
+        .collect();
+    (committer, segments)
+}
+
+/// Rounds of many segments cost one journal write and sync, not one sync per segment.
+#[test]
+fn a_round_of_many_segments_is_one_journal_sync() {
+    let (sim, storage) = sim_with_root(4);
+    let (committer, segments) = journaled_node(&storage, 32);
+    let tickets: Vec<_> =
+        segments.iter().map(|segment| segment.stage(&records(3, "r")).unwrap()).collect();
+    let syncs = sim.sync_count();
+    segments[0].wait_durable(tickets[0]).unwrap();
+    assert_eq!(sim.sync_count() - syncs, 1, "one fdatasync, the journal's");
+    let stats = committer.stats();
+    assert_eq!((stats.journal_rounds, stats.batches, stats.file_syncs), (1, 32, 0));
+    for (segment, ticket) in segments.iter().zip(tickets) {
+        assert_eq!(segment.durable_offset(), ticket.end_offset);
+    }
+}
+
+/// The crash property for the journal: rounds of many segments, checkpoints among them, and a
+/// power loss before any mutating call; after the restart (replay, then segment recovery)
+/// every acknowledged record is there.
+#[test]
+fn acknowledged_records_survive_a_power_loss_anywhere_around_the_journal() {
+    for crash_after in (0..600).step_by(11).chain([u64::MAX]) {
+        let (sim, storage) = sim_with_root(crash_after.wrapping_add(100));
+        sim.set_faults(SimFaults {
+            crash_keeps_unsynced_prefix: crash_after % 2 == 0,
+            crash_tears_last_write: true,
+            ..SimFaults::default()
+        });
+        let acked = {
+            let (committer, segments) = journaled_node(&storage, 6);
+            sim.crash_after_ops(crash_after);
+            let mut acked = vec![0u64; segments.len()];
+            'rounds: for round in 0..60 {
+                let tickets: Vec<_> = segments
+                    .iter()
+                    .map(|segment| segment.stage(&records(40, &format!("{round}"))))
+                    .collect();
+                for (at, ticket) in tickets.into_iter().enumerate() {
+                    let Ok(ticket) = ticket else { break 'rounds };
+                    if segments[at].wait_durable(ticket).is_err() {
+                        break 'rounds;
+                    }
+                    acked[at] = ticket.end_offset;
+                }
+            }
+            if crash_after == u64::MAX {
+                assert!(committer.stats().checkpoints >= 2, "{:?}", committer.stats());
+            }
+            drop(committer);
+            acked
+        };
+        sim.crash_now();
+        sim.restart();
+        let (_, segments) = journaled_node(&storage, 6);
+        for (at, segment) in segments.iter().enumerate() {
+            assert!(
+                segment.durable_offset() >= acked[at],
+                "crash after {crash_after} ops: segment {at} holds {} of {} acknowledged",
+                segment.durable_offset(),
+                acked[at]
+            );
+        }
+    }
+}
