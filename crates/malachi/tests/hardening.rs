@@ -38,72 +38,87 @@ async fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool)
     }
 }
 
-/// A failed `fdatasync` under load: the produce that waited on it is refused `storage_failed`
-/// (never acknowledged), the range rolls to a new segment and producers are acknowledged
-/// again without a restart, and after a kill -9 every acknowledged record is there in order.
+/// Where a failed `fdatasync` strikes, and what the broker must do about it.
+struct FsyncCase {
+    name: &'static str,
+    /// `MALACHI_GROUP_COMMIT_BARRIER`.
+    barrier: &'static str,
+    /// Which file's sync fails (a path suffix).
+    file: &'static str,
+    /// The broker stops rather than go on (it must restart to replay its journal).
+    stops: bool,
+}
+
+const FSYNC_CASES: &[FsyncCase] = &[
+    // The produce is refused, the segment poisons, the range rolls, producers go on.
+    FsyncCase { name: "a segment, no journal", barrier: "files", file: ".seg", stops: false },
+    // The round is refused, the journal is abandoned after a checkpoint, producers go on.
+    FsyncCase { name: "the journal", barrier: "journal", file: "/journal", stops: false },
+    // A checkpoint cannot make the files behind the journal durable: the broker stops, and
+    // its restart replays the journal.
+    FsyncCase {
+        name: "a segment behind the journal",
+        barrier: "journal",
+        file: ".seg",
+        stops: true,
+    },
+];
+
+/// A failed `fdatasync` under load, wherever it strikes: nothing it covered is acknowledged,
+/// the broker heals (or stops and heals on restart), and after a kill -9 and a restart every
+/// acknowledged record is there, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_fsync_is_refused_then_healed_and_nothing_acknowledged_is_lost() {
+    for case in FSYNC_CASES {
+        failed_fsync(case).await;
+    }
+}
+
+async fn failed_fsync(case: &FsyncCase) {
     let dir = tempfile::tempdir().unwrap();
     let shim = build_shim(dir.path());
     let trigger = dir.path().join("fail-next-fsync");
     let process = BrokerProcess::new(dir.path())
         .env("LD_PRELOAD", shim.display().to_string())
-        .env("FAILSYNC_TRIGGER", trigger.display().to_string());
+        .env("FAILSYNC_TRIGGER", trigger.display().to_string())
+        .env("FAILSYNC_SUFFIX", case.file)
+        .env("MALACHI_GROUP_COMMIT_BARRIER", case.barrier)
+        // A small journal, so that checkpoints come every few hundred records.
+        .env("MALACHI_JOURNAL_BYTES", "1048576");
     let mut broker = process.spawn();
     let admin = process.connect().await;
     admin.create_topic("sync").await.unwrap();
-
-    let acked: Arc<Mutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
-    let refused = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut producers = Vec::new();
-    for producer in 0..2 {
-        let (acked, refused, stop) = (Arc::clone(&acked), Arc::clone(&refused), Arc::clone(&stop));
-        let port = process.port;
-        producers.push(tokio::spawn(async move {
-            let client = common::connect(port, "app", common::PASSWORD).await.unwrap();
-            let key = format!("p{producer}");
-            for sequence in 0u64.. {
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                let record = RecordBuilder::new(format!("{key}-{sequence:08}")).key(&key).build();
-                match client.produce("sync", vec![record]).await {
-                    Ok(_) => acked.lock().unwrap().entry(key.clone()).or_default().push(sequence),
-                    Err(error) => {
-                        assert_eq!(error.reason(), Some(Reason::StorageFailed), "{error}");
-                        refused.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-        }));
-    }
-    let acked_count = || acked.lock().unwrap().values().map(Vec::len).sum::<usize>();
-    wait_for("first acks", Duration::from_secs(20), || acked_count() > 100).await;
+    let load = Load::start(process.port, 2);
+    wait_for("first acks", Duration::from_secs(20), || load.acked_count() > 100).await;
     std::fs::write(&trigger, b"").unwrap();
     wait_for("the failing fsync", Duration::from_secs(20), || !trigger.exists()).await;
-    wait_for("a refusal", Duration::from_secs(20), || refused.load(Ordering::SeqCst) > 0).await;
-    let after_failure = acked_count();
-    wait_for("acks after the failure", Duration::from_secs(20), || {
-        acked_count() > after_failure + 100
-    })
-    .await;
-    stop.store(true, Ordering::SeqCst);
-    for producer in producers {
-        producer.await.unwrap();
+    if case.stops {
+        let stopped = || broker.try_wait().unwrap().is_some();
+        wait_for("the broker to stop", Duration::from_secs(20), stopped).await;
+        let log = process.log();
+        assert!(log.contains("a restart replays the journal"), "{}: said why:\n{log}", case.name);
+    } else {
+        let refused = || load.refused.load(Ordering::SeqCst) > 0;
+        wait_for("a refusal", Duration::from_secs(20), refused).await;
+        let after_failure = load.acked_count();
+        let healed = || load.acked_count() > after_failure + 100;
+        wait_for("acks after the failure", Duration::from_secs(20), healed).await;
+        let log = process.log();
+        assert!(log.contains("an append failed on storage"), "{}: logged:\n{log}", case.name);
+        assert!(log.contains("fdatasync failed"), "{}: with its cause:\n{log}", case.name);
     }
-    let log = process.log();
-    assert!(log.contains("an append failed on storage"), "the failure is logged:\n{log}");
-    assert!(log.contains("fdatasync failed"), "with its cause:\n{log}");
-    broker.kill().unwrap();
+    let acked = load.stop().await;
+    let _ = broker.kill();
     broker.wait().unwrap();
 
-    let restarted = BrokerProcess { env: Vec::new(), ..process };
+    let restarted = BrokerProcess {
+        env: vec![("MALACHI_GROUP_COMMIT_BARRIER".into(), case.barrier.into())],
+        ..process
+    };
     let mut broker = restarted.spawn();
     let client = restarted.connect().await;
     let (everything, _) = drain(&client, "sync", None).await;
-    for (key, sequences) in acked.lock().unwrap().iter() {
+    for (key, sequences) in &acked {
         let read: Vec<u64> = everything
             .iter()
             .filter(|record| record.key.as_deref() == Some(key.as_bytes()))
@@ -111,11 +126,69 @@ async fn a_failed_fsync_is_refused_then_healed_and_nothing_acknowledged_is_lost(
             .collect();
         let mut acked_in_read = read.iter().filter(|sequence| sequences.contains(sequence));
         for sequence in sequences {
-            assert_eq!(acked_in_read.next(), Some(sequence), "{key}: acknowledged record lost");
+            let found = acked_in_read.next();
+            assert_eq!(found, Some(sequence), "{}: {key}: acknowledged record lost", case.name);
         }
     }
     broker.kill().unwrap();
     broker.wait().unwrap();
+}
+
+/// Producers, each with its own key, counting what is acknowledged and what is refused
+/// `storage_failed`; a lost connection (the broker stopped) ends a producer.
+struct Load {
+    acked: Arc<Mutex<BTreeMap<String, Vec<u64>>>>,
+    refused: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(port: u16, producers: u32) -> Load {
+        let acked: Arc<Mutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
+        let refused = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let producers = (0..producers)
+            .map(|producer| {
+                let (acked, refused, stop) =
+                    (Arc::clone(&acked), Arc::clone(&refused), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let client = common::connect(port, "app", common::PASSWORD).await.unwrap();
+                    let key = format!("p{producer}");
+                    for sequence in 0u64.. {
+                        if stop.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        let record =
+                            RecordBuilder::new(format!("{key}-{sequence:08}")).key(&key).build();
+                        match client.produce("sync", vec![record]).await {
+                            Ok(_) => {
+                                acked.lock().unwrap().entry(key.clone()).or_default().push(sequence)
+                            }
+                            Err(error) if error.reason() == Some(Reason::StorageFailed) => {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                            Err(_) => return,
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { acked, refused, stop, producers }
+    }
+
+    fn acked_count(&self) -> usize {
+        self.acked.lock().unwrap().values().map(Vec::len).sum()
+    }
+
+    async fn stop(self) -> BTreeMap<String, Vec<u64>> {
+        self.stop.store(true, Ordering::SeqCst);
+        for producer in self.producers {
+            producer.await.unwrap();
+        }
+        self.acked.lock().unwrap().clone()
+    }
 }
 
 /// Soft and hard descriptor limit of the broker under test.

@@ -1,7 +1,8 @@
-/* An LD_PRELOAD shim for the process-level tests: fdatasync on a segment file (*.seg) fails
- * with EIO, once, each time the file named by FAILSYNC_TRIGGER appears. The failing call does
- * not reach the kernel, so the test sees how the broker handles the error, and the file's
- * pages stay dirty (a later real sync writes them): their records' outcome is unknown. */
+/* An LD_PRELOAD shim for the process-level tests: fdatasync on a file whose path ends with
+ * FAILSYNC_SUFFIX (".seg" by default) fails with EIO, once, each time the file named by
+ * FAILSYNC_TRIGGER appears. The failing call does not reach the kernel, so the test sees how the
+ * broker handles the error, and the file's pages stay dirty (a later real sync writes them):
+ * their records' outcome is unknown. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -10,16 +11,21 @@
 #include <string.h>
 #include <unistd.h>
 
-static int is_segment(int fd) {
+static int is_chosen(int fd) {
     char link[64];
     char target[4096];
+    const char *suffix = getenv("FAILSYNC_SUFFIX");
+    if (!suffix) {
+        suffix = ".seg";
+    }
+    size_t suffix_length = strlen(suffix);
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
     ssize_t length = readlink(link, target, sizeof target - 1);
-    if (length < 4) {
+    if (length < (ssize_t)suffix_length) {
         return 0;
     }
     target[length] = 0;
-    return strcmp(target + length - 4, ".seg") == 0;
+    return strcmp(target + length - suffix_length, suffix) == 0;
 }
 
 int fdatasync(int fd) {
@@ -29,7 +35,7 @@ int fdatasync(int fd) {
     }
     const char *trigger = getenv("FAILSYNC_TRIGGER");
     /* unlink succeeds for exactly one caller: one failure per trigger. */
-    if (trigger && is_segment(fd) && unlink(trigger) == 0) {
+    if (trigger && is_chosen(fd) && unlink(trigger) == 0) {
         errno = EIO;
         return -1;
     }
