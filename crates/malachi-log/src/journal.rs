@@ -110,6 +110,11 @@ impl Journal {
         Ok((journal, report))
     }
 
+    /// How much of the journal the rounds since the last checkpoint fill, in eighths.
+    pub fn eighths_used(&self) -> u64 {
+        (self.position - JOURNAL_HEADER_BYTES) * 8 / (self.capacity - JOURNAL_HEADER_BYTES).max(1)
+    }
+
     /// Whether a round of these entries fits before the end of the file.
     pub fn fits(&self, entries: &[JournalEntry<'_>]) -> bool {
         self.position + round_bytes(entries) <= self.capacity

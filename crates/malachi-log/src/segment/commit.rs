@@ -95,6 +95,8 @@ struct JournalState {
     behind_max: usize,
     /// A journal write or sync failed: it is not used again in this process.
     broken: bool,
+    /// The eighth of the journal at which write-back behind it was last started.
+    eighths_kicked: u64,
 }
 
 impl Committer {
@@ -125,7 +127,14 @@ impl Committer {
         (root, behind_max): (PathBuf, usize),
     ) -> Arc<Committer> {
         let behind_max = behind_max.max(2);
-        let state = JournalState { journal, root, behind: Vec::new(), behind_max, broken: false };
+        let state = JournalState {
+            journal,
+            root,
+            behind: Vec::new(),
+            behind_max,
+            broken: false,
+            eighths_kicked: 0,
+        };
         Arc::new(Committer {
             filesystem,
             parallel_syncs: parallel_syncs.max(1),
@@ -303,6 +312,9 @@ impl Committer {
             // Behind the journal before any later checkpoint, which syncs what is behind it.
             for (segment, job) in &jobs[start..end] {
                 let outcome = segment.write_job(job);
+                if outcome.is_ok() {
+                    segment.nudge_writeback(job);
+                }
                 // A failed write behind is in the journal all the same; the segment poisons.
                 if outcome.is_ok() && !journal.behind.iter().any(|held| Arc::ptr_eq(held, segment))
                 {
@@ -311,6 +323,13 @@ impl Committer {
                 outcomes.push(outcome);
             }
             start = end;
+        }
+        // Each eighth of the journal, start writing back everything behind it, so that the
+        // checkpoint at its end finds the files mostly written and stalls its round briefly.
+        let eighths = journal.journal.eighths_used();
+        if eighths != journal.eighths_kicked {
+            journal.eighths_kicked = eighths;
+            journal.behind.iter().for_each(|segment| segment.start_writeback_all());
         }
         let checkpoint = (checkpoints > 0).then_some(Ok(()));
         Some((outcomes, Barrier::Journal { checkpoint }))

@@ -109,6 +109,8 @@ pub(crate) struct Core {
     pub poisoned: Option<PoisonCause>,
     /// Set by recovery; such a segment also carries a `sealed` end and takes no appends.
     pub damage: Option<Damage>,
+    /// File position up to which write-back was started (journal mode; a hint only).
+    pub written_back_to: u64,
     /// A flush (or a seal) owns the file's tail.
     pub flushing: bool,
     limits: Limits,
@@ -141,6 +143,7 @@ impl Core {
             sealing_at: None,
             poisoned: None,
             damage: None,
+            written_back_to: durable_bytes,
             flushing: false,
             limits,
             group_commit,

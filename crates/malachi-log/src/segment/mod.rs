@@ -583,6 +583,30 @@ impl Segment {
             .map_err(|error| PoisonCause::from_write(&error))
     }
 
+    /// For a round behind the journal: once enough bytes were written behind since the last
+    /// time, starts their write-back, so that the checkpoint's `fdatasync` of this file finds
+    /// little to write and the round that checkpoints stalls briefly.
+    fn nudge_writeback(&self, job: &FlushJob) {
+        self.start_writeback(job.position + job.buffer.len() as u64, WRITEBACK_NUDGE_BYTES);
+    }
+
+    /// Starts write-back of what was written behind up to `end`, if at least `min_bytes`.
+    fn start_writeback(&self, end: u64, min_bytes: u64) {
+        let mut core = self.lock();
+        if end > core.written_back_to && end - core.written_back_to >= min_bytes {
+            let from = core.written_back_to;
+            core.written_back_to = end;
+            drop(core);
+            self.file.start_writeback(from, end - from);
+        }
+    }
+
+    /// Starts write-back of everything written behind so far (see [`Segment::start_writeback`]).
+    fn start_writeback_all(&self) {
+        let end = self.lock().durable_bytes;
+        self.start_writeback(end, 1);
+    }
+
     /// The data file's path relative to `root` (absolute if it is not under it).
     fn path_under(&self, root: &Path) -> &Path {
         self.data_path.strip_prefix(root).unwrap_or(&self.data_path)
@@ -613,6 +637,10 @@ impl Segment {
         self.core.lock().expect("segment lock poisoned")
     }
 }
+
+/// Bytes written behind the journal before their write-back is started (see
+/// [`Segment::nudge_writeback`]): large enough that the device sees few, long writes.
+const WRITEBACK_NUDGE_BYTES: u64 = 1024 * 1024;
 
 /// A bad frame's position and what is wrong with it.
 type BadAt = (u64, FrameError);

@@ -97,4 +97,8 @@ pub trait StorageFile: Send + Sync + fmt::Debug {
     /// without writing them, and reads serve bytes the disk does not hold; recovery syncs, then
     /// drops the cache, then reads what really is on the disk.
     fn drop_clean_cache(&self) -> io::Result<()>;
+    /// Starts writing back `len` bytes from `position` without waiting and without any
+    /// durability promise (`sync_file_range(SYNC_FILE_RANGE_WRITE)`), so that a later
+    /// `fdatasync` finds little left to do. A hint: errors are the later sync's to report.
+    fn start_writeback(&self, _position: u64, _len: u64) {}
 }

@@ -146,6 +146,18 @@ impl StorageFile for RealFile {
         self.file.set_len(len)
     }
 
+    fn start_writeback(&self, position: u64, len: u64) {
+        // SAFETY: a hint on a descriptor this handle owns; its result is deliberately unused.
+        unsafe {
+            libc::sync_file_range(
+                self.file.as_raw_fd(),
+                position as i64,
+                len as i64,
+                libc::SYNC_FILE_RANGE_WRITE,
+            );
+        }
+    }
+
     fn drop_clean_cache(&self) -> io::Result<()> {
         // SAFETY: a plain advisory call on a descriptor this handle owns.
         let code =
