@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use malachi_log::journal::Journal;
 use malachi_log::{Committer, RealStorage, Record, Segment, SegmentConfig, Storage, segment_paths};
 use serde::Serialize;
 
@@ -32,6 +33,14 @@ pub struct StorageArgs {
     /// Concurrent appender threads.
     #[arg(long, default_value_t = 16)]
     appenders: u32,
+    /// Segments the appenders spread over (appender i writes to segment i mod N), all sharing
+    /// one group commit, as a broker's segments do.
+    #[arg(long, default_value_t = 1)]
+    segments: u32,
+    /// How a group-commit round becomes durable: journal (the broker's default), files or
+    /// filesystem.
+    #[arg(long, default_value = "journal")]
+    barrier: String,
     /// Bytes all appenders keep in flight together; each append carries its share.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     inflight_bytes: u64,
@@ -55,6 +64,7 @@ pub struct StorageArgs {
 struct Figures {
     record_bytes: u32,
     appenders: u32,
+    segments: u32,
     records_per_append: u32,
     mb_per_s: f64,
     records_per_s: f64,
@@ -114,18 +124,18 @@ fn measure_size(args: &StorageArgs, size: u32) -> std::io::Result<Figures> {
     let mut reads = (0.0, 0.0);
     for round in 0..args.rounds.max(1) {
         let round_dir = dir.join(format!("concurrent-{round}"));
-        let segment = create_segment(&storage, &round_dir)?;
+        let segments = node_segments(&storage, &round_dir, args.segments, &args.barrier)?;
         rounds.push(concurrent_appends(
-            &segment,
+            &segments,
             args.appenders,
             records_per_append,
             size,
             duration,
         ));
         if round == 0 {
-            reads = read_back(&segment, &round_dir, size)?;
+            reads = read_back(&segments[0], &round_dir, size)?;
         }
-        drop(segment);
+        drop(segments);
         fs::remove_dir_all(&round_dir)?;
         raw_rounds.push(raw_writes(&dir.join("raw.dat"), inflight, duration)?);
     }
@@ -145,6 +155,7 @@ fn measure_size(args: &StorageArgs, size: u32) -> std::io::Result<Figures> {
     Ok(Figures {
         record_bytes: size,
         appenders: args.appenders,
+        segments: args.segments,
         records_per_append,
         mb_per_s: concurrent.mb_per_s,
         records_per_s: concurrent.records_per_s,
@@ -164,6 +175,35 @@ fn measure_size(args: &StorageArgs, size: u32) -> std::io::Result<Figures> {
         raw_read_mb_per_s,
         read_ratio: read_mb_per_s / raw_read_mb_per_s,
     })
+}
+
+/// Journal size of the benchmark's node: a checkpoint every 64 MiB of rounds.
+const JOURNAL_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `count` segments in `dir` sharing one group commit made durable as `barrier` says.
+fn node_segments(
+    storage: &Arc<dyn Storage>,
+    dir: &Path,
+    count: u32,
+    barrier: &str,
+) -> std::io::Result<Vec<Arc<Segment>>> {
+    storage.create_dir_all(dir)?;
+    let linger = Duration::ZERO;
+    let committer = match barrier {
+        "journal" => {
+            let (journal, _) = Journal::open(storage, dir, JOURNAL_BYTES)?;
+            Committer::with_journal(None, 16, linger, journal, (dir.to_path_buf(), 1024))
+        }
+        "files" => Committer::new(None, 16, linger),
+        "filesystem" => Committer::new(Some(storage.filesystem_sync(dir)?), 16, linger),
+        other => return Err(std::io::Error::other(format!("unknown barrier {other}"))),
+    };
+    (1..=u64::from(count.max(1)))
+        .map(|id| {
+            Segment::create(Arc::clone(storage), dir, id, SegmentConfig::default(), &committer)
+                .map_err(std::io::Error::other)
+        })
+        .collect()
 }
 
 fn create_segment(storage: &Arc<dyn Storage>, dir: &Path) -> std::io::Result<Arc<Segment>> {
@@ -187,7 +227,7 @@ struct Throughput {
 }
 
 fn concurrent_appends(
-    segment: &Arc<Segment>,
+    segments: &[Arc<Segment>],
     appenders: u32,
     records_per_append: u32,
     size: u32,
@@ -199,7 +239,7 @@ fn concurrent_appends(
     let started = Instant::now();
     let threads: Vec<_> = (0..appenders)
         .map(|appender| {
-            let segment = Arc::clone(segment);
+            let segment = Arc::clone(&segments[appender as usize % segments.len()]);
             let stop = Arc::clone(&stop);
             std::thread::spawn(move || {
                 let batch: Vec<Record> = (0..records_per_append)
@@ -304,9 +344,12 @@ fn light_appends(
 
 fn print_header(args: &StorageArgs) {
     println!(
-        "segment store vs raw pwrite+fdatasync in {} ({} appenders, {} KiB in flight, {} s per run)",
+        "segment store vs raw pwrite+fdatasync in {} ({} appenders over {} segment(s), {} \
+         barrier, {} KiB in flight, {} s per run)",
         args.dir.display(),
         args.appenders,
+        args.segments,
+        args.barrier,
         args.inflight_bytes / 1024,
         args.seconds
     );
