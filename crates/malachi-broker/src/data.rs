@@ -105,7 +105,9 @@ fn committer_for(
             if report.entries > 0 {
                 tracing::info!(?report, "replayed the node journal into the segment files");
             }
-            // Half the open-segment cap may be held open behind the journal.
+            // Half the open-segment cap may be held open behind the journal, twice while a
+            // checkpoint runs beside the rounds: at most the cap again (most of them are the
+            // active segments the cap counts anyway).
             let behind = (data_dir.to_path_buf(), commit.open_segments_max / 2);
             Ok(Committer::with_journal(None, parallel, linger, journal, behind))
         }

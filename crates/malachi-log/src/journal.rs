@@ -8,8 +8,8 @@
 //! `fdatasync` per file). The same bytes as one append to a file whose blocks are already
 //! allocated cost one sequential write and a cache flush, with no metadata to commit.
 //!
-//! Layout (`docs/storage-format.md`): a 4 KiB header naming the *checkpoint sequence*, then
-//! entries from byte 4096 on. An entry is one segment's batch of one round: the segment file's
+//! Layout (`docs/storage-format.md`): a 4 KiB header naming the *checkpoint*, the round replay
+//! starts at and where it is, then entries from byte 4096 on, written as a ring. An entry is one segment's batch of one round: the segment file's
 //! path (relative to the data directory), the position in that file, and the bytes, under a
 //! CRC32C. Rounds are numbered; all entries of a round carry its number.
 //!
@@ -18,11 +18,14 @@
 //! holds bytes the journal does not hold durably, and after a crash replaying the journal from
 //! its checkpoint rebuilds every acknowledged byte the page cache did not write back.
 //!
-//! A checkpoint (when the next round does not fit before the end) syncs every segment file
-//! written behind since the previous one, then rewrites the header with the next round's number
-//! and starts again at byte 4096. Replay reads entries while their numbers continue from the
-//! checkpoint's (an entry of the previous lap carries a smaller number) and their checksums hold;
-//! the first one that breaks either ends the durable journal.
+//! A checkpoint marks the next round (its number and position), syncs every segment file
+//! written behind before it, then rewrites the header with the mark: the bytes before the mark
+//! are free again. The committer runs checkpoints beside the rounds, which go on writing after
+//! the mark and wrap to the front when a round does not fit before the end, never over the
+//! checkpoint's round; only a journal with no room left waits for one. Replay reads entries from
+//! the checkpoint while their numbers continue (an entry of an earlier lap carries a smaller
+//! number) and their checksums hold; where that breaks it tries once at the front, where the
+//! writer may have wrapped, up to the checkpoint; the next break ends the durable journal.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -34,7 +37,7 @@ use crate::storage::{OpenMode, Storage, StorageFile};
 /// Where entries start; the header's block before it.
 pub const JOURNAL_HEADER_BYTES: u64 = 4096;
 const HEADER_MAGIC: [u8; 4] = *b"MLJH";
-const HEADER_VERSION: u16 = 1;
+const HEADER_VERSION: u16 = 2;
 const ENTRY_MAGIC: [u8; 2] = *b"JE";
 /// `magic` (2) + `length` (4) + `crc32c` (4).
 const ENTRY_FRAME_BYTES: u64 = 10;
@@ -52,6 +55,15 @@ pub struct JournalEntry<'a> {
     pub path: &'a Path,
     pub position: u64,
     pub bytes: &'a [u8],
+}
+
+/// A checkpoint begun: once every file written behind the journal before it is durable,
+/// replay may start at this round ([`Journal::checkpoint_done`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointMark {
+    sequence: u64,
+    position: u64,
+    lap: u64,
 }
 
 /// What replay did at open.
@@ -73,6 +85,13 @@ pub struct Journal {
     capacity: u64,
     /// Where the next round is written.
     position: u64,
+    /// Laps the write position has begun (it wraps to the front when a round does not fit
+    /// before the end).
+    lap: u64,
+    /// Where the checkpoint's round is: the oldest byte replay needs, never written over.
+    start: u64,
+    /// The lap `start` is on; the write position is on it or on the next.
+    start_lap: u64,
     /// The next round's number.
     sequence: u64,
     /// The encoded round, kept to be reused.
@@ -97,27 +116,58 @@ impl Journal {
         let file = storage.open(&path, OpenMode::Existing)?;
         file.sync_data()?;
         file.drop_clean_cache()?;
-        let checkpoint = read_header(file.as_ref())?;
+        let (sequence, start) = read_header(file.as_ref())?;
+        let capacity = file.size_bytes()?.max(JOURNAL_HEADER_BYTES + 1);
+        if !(JOURNAL_HEADER_BYTES..=capacity).contains(&start) {
+            let error = format!("journal header: checkpoint position {start} outside the file");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, error));
+        }
         let mut journal = Journal {
-            capacity: file.size_bytes()?.max(JOURNAL_HEADER_BYTES + 1),
+            capacity,
             file,
-            position: JOURNAL_HEADER_BYTES,
-            sequence: checkpoint,
+            position: start,
+            lap: 0,
+            start,
+            start_lap: 0,
+            sequence,
             buffer: Vec::new(),
         };
         let report = journal.replay(&**storage, dir)?;
-        journal.checkpoint_done()?;
+        journal.checkpoint_now()?;
         Ok((journal, report))
     }
 
-    /// How much of the journal the rounds since the last checkpoint fill, in eighths.
+    /// How much of the journal the rounds since the checkpoint fill, in eighths.
     pub fn eighths_used(&self) -> u64 {
-        (self.position - JOURNAL_HEADER_BYTES) * 8 / (self.capacity - JOURNAL_HEADER_BYTES).max(1)
+        self.used_bytes() * 8 / (self.capacity - JOURNAL_HEADER_BYTES).max(1)
     }
 
-    /// Whether a round of these entries fits before the end of the file.
+    /// Bytes of the rounds since the checkpoint (and of the gap a wrap left at the end).
+    fn used_bytes(&self) -> u64 {
+        if self.lap == self.start_lap {
+            self.position - self.start
+        } else {
+            (self.capacity - self.start) + (self.position - JOURNAL_HEADER_BYTES)
+        }
+    }
+
+    /// Where a round of `bytes` goes, and on which lap: at the write position, or at the front
+    /// after a wrap; `None` if neither has room before the checkpoint's round.
+    fn place(&self, bytes: u64) -> Option<(u64, u64)> {
+        if self.lap == self.start_lap {
+            if self.position + bytes <= self.capacity {
+                return Some((self.position, self.lap));
+            }
+            (JOURNAL_HEADER_BYTES + bytes <= self.start)
+                .then_some((JOURNAL_HEADER_BYTES, self.lap + 1))
+        } else {
+            (self.position + bytes <= self.start).then_some((self.position, self.lap))
+        }
+    }
+
+    /// Whether a round of these entries fits without a checkpoint.
     pub fn fits(&self, entries: &[JournalEntry<'_>]) -> bool {
-        self.position + round_bytes(entries) <= self.capacity
+        self.place(round_bytes(entries)).is_some()
     }
 
     /// Whether a round of these entries could ever fit (after a checkpoint).
@@ -130,7 +180,8 @@ impl Journal {
     /// before a checkpoint: Linux may have dropped the pages the failed sync did not write.
     /// `sync` is off only for the simulator's canary, which acknowledges before the sync.
     pub fn write_round(&mut self, entries: &[JournalEntry<'_>], sync: bool) -> io::Result<()> {
-        assert!(self.fits(entries), "a round is written only where it fits");
+        let (position, lap) =
+            self.place(round_bytes(entries)).expect("a round is written only where it fits");
         let mut buffer = std::mem::take(&mut self.buffer);
         buffer.clear();
         for entry in entries {
@@ -138,23 +189,45 @@ impl Journal {
         }
         let written = self
             .file
-            .write_all_at(&[&buffer], self.position)
+            .write_all_at(&[&buffer], position)
             .and_then(|()| if sync { self.file.sync_data() } else { Ok(()) });
         let length = buffer.len() as u64;
         self.buffer = buffer;
         written?;
-        self.position += length;
+        self.position = position + length;
+        self.lap = lap;
         self.sequence += 1;
         Ok(())
     }
 
-    /// Records that every segment file written behind the journal so far is durable: replay
-    /// starts at the next round from now on, and rounds start again at the front.
-    pub fn checkpoint_done(&mut self) -> io::Result<()> {
-        let header = encode_header(self.sequence);
+    /// Begins a checkpoint at the next round. Rounds may go on being written while the files
+    /// behind the journal are synced; [`Journal::checkpoint_done`] then frees what precedes it.
+    pub fn mark(&self) -> CheckpointMark {
+        CheckpointMark { sequence: self.sequence, position: self.position, lap: self.lap }
+    }
+
+    /// Records that every segment file written behind the journal before `mark` is durable:
+    /// replay starts at the mark's round from now on, and rounds may use the space before it.
+    pub fn checkpoint_done(&mut self, mark: CheckpointMark) -> io::Result<()> {
+        assert!(mark.lap >= self.start_lap && mark.sequence <= self.sequence, "a current mark");
+        self.file.write_all_at(&[&encode_header(mark.sequence, mark.position)], 0)?;
+        self.file.sync_data()?;
+        self.start = mark.position;
+        self.start_lap = mark.lap;
+        assert!(self.lap - self.start_lap <= 1, "the writer is never a lap ahead of replay");
+        Ok(())
+    }
+
+    /// Records that every segment file written behind the journal so far is durable, with no
+    /// round written since: rounds start again at the front, all of the journal free.
+    pub fn checkpoint_now(&mut self) -> io::Result<()> {
+        let header = encode_header(self.sequence, JOURNAL_HEADER_BYTES);
         self.file.write_all_at(&[&header], 0)?;
         self.file.sync_data()?;
-        self.position = JOURNAL_HEADER_BYTES;
+        // A new lap, so that a mark taken before this can never be completed after it.
+        self.lap += 1;
+        self.start_lap = self.lap;
+        (self.position, self.start) = (JOURNAL_HEADER_BYTES, JOURNAL_HEADER_BYTES);
         Ok(())
     }
 
@@ -163,15 +236,23 @@ impl Journal {
         let mut report = ReplayReport::default();
         let mut files: Vec<(PathBuf, Box<dyn StorageFile>)> = Vec::new();
         let mut rounds = BTreeSet::new();
-        let mut position = JOURNAL_HEADER_BYTES;
+        let mut position = self.start;
+        let mut wrapped = false;
         let mut expected = self.sequence;
-        while let Some(entry) = read_entry(self.file.as_ref(), position, self.capacity)? {
-            if entry.sequence != expected && entry.sequence != expected + 1 {
+        loop {
+            // After a wrap, entries end before the checkpoint's round.
+            let limit = if wrapped { self.start } else { self.capacity };
+            let entry = read_entry(self.file.as_ref(), position, limit)?;
+            // The first round after a checkpoint carries the checkpoint's number.
+            let continues =
+                |sequence| sequence == expected || (sequence == expected + 1 && !rounds.is_empty());
+            let Some(entry) = entry.filter(|entry| continues(entry.sequence)) else {
+                if !wrapped && self.start > JOURNAL_HEADER_BYTES {
+                    (wrapped, position) = (true, JOURNAL_HEADER_BYTES);
+                    continue;
+                }
                 break;
-            }
-            if entry.sequence == expected + 1 && rounds.is_empty() {
-                break; // the first round after a checkpoint carries the checkpoint's number
-            }
+            };
             expected = entry.sequence;
             rounds.insert(entry.sequence);
             position += entry.encoded_bytes;
@@ -230,24 +311,26 @@ fn create(storage: &dyn Storage, dir: &Path, path: &Path, capacity: u64) -> io::
         file.write_all_at(&[&zeros[..length]], at)?;
         at += length as u64;
     }
-    file.write_all_at(&[&encode_header(1)], 0)?;
+    file.write_all_at(&[&encode_header(1, JOURNAL_HEADER_BYTES)], 0)?;
     file.sync_data()?;
     drop(file);
     storage.rename(&temporary, path)?;
     storage.sync_dir(dir)
 }
 
-fn encode_header(checkpoint_sequence: u64) -> [u8; 32] {
+fn encode_header(checkpoint_sequence: u64, checkpoint_position: u64) -> [u8; 32] {
     let mut header = [0u8; 32];
     header[0..4].copy_from_slice(&HEADER_MAGIC);
     header[4..6].copy_from_slice(&HEADER_VERSION.to_le_bytes());
     header[8..16].copy_from_slice(&checkpoint_sequence.to_le_bytes());
+    header[16..24].copy_from_slice(&checkpoint_position.to_le_bytes());
     let crc = crc32c::crc32c(&header[0..24]);
     header[24..28].copy_from_slice(&crc.to_le_bytes());
     header
 }
 
-fn read_header(file: &dyn StorageFile) -> io::Result<u64> {
+/// The checkpoint's round number and position.
+fn read_header(file: &dyn StorageFile) -> io::Result<(u64, u64)> {
     let mut header = [0u8; 32];
     let read = file.read_at(&mut header, 0)?;
     let damaged =
@@ -259,10 +342,15 @@ fn read_header(file: &dyn StorageFile) -> io::Result<u64> {
     if crc32c::crc32c(&header[0..24]) != stored {
         return Err(damaged("checksum mismatch"));
     }
-    if u16::from_le_bytes([header[4], header[5]]) != HEADER_VERSION {
-        return Err(damaged("unsupported version"));
+    let sequence = u64::from_le_bytes(header[8..16].try_into().expect("eight bytes"));
+    match u16::from_le_bytes([header[4], header[5]]) {
+        // Version 1 restarted at the front after every checkpoint.
+        1 => Ok((sequence, JOURNAL_HEADER_BYTES)),
+        HEADER_VERSION => {
+            Ok((sequence, u64::from_le_bytes(header[16..24].try_into().expect("eight bytes"))))
+        }
+        _ => Err(damaged("unsupported version")),
     }
-    Ok(u64::from_le_bytes(header[8..16].try_into().expect("eight bytes")))
 }
 
 fn encode_entry(out: &mut Vec<u8>, sequence: u64, entry: &JournalEntry<'_>) {
@@ -293,20 +381,16 @@ struct ReadEntry {
 
 /// The entry at `position`, or `None` where the durable journal ends (a bad magic, length or
 /// checksum: a torn round, the zeros of a fresh file, or an entry of an earlier lap).
-fn read_entry(
-    file: &dyn StorageFile,
-    position: u64,
-    capacity: u64,
-) -> io::Result<Option<ReadEntry>> {
+/// `limit`: where entries must end.
+fn read_entry(file: &dyn StorageFile, position: u64, limit: u64) -> io::Result<Option<ReadEntry>> {
     let mut frame = [0u8; ENTRY_FRAME_BYTES as usize];
-    if position + ENTRY_FRAME_BYTES > capacity || file.read_at(&mut frame, position)? < frame.len()
-    {
+    if position + ENTRY_FRAME_BYTES > limit || file.read_at(&mut frame, position)? < frame.len() {
         return Ok(None);
     }
     let length = u64::from(u32::from_le_bytes(frame[2..6].try_into().expect("four bytes")));
     if frame[0..2] != ENTRY_MAGIC
         || length < ENTRY_FIXED_BYTES
-        || position + ENTRY_FRAME_BYTES + length > capacity
+        || position + ENTRY_FRAME_BYTES + length > limit
     {
         return Ok(None);
     }

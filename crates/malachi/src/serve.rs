@@ -130,7 +130,8 @@ async fn serve(mut config: BrokerConfig, node_id: u64) -> Result<(), String> {
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (the default soft limit of 1,024 is too
 /// few for a broker with many ranges), then caps the open segment files so that they can never
-/// take the descriptors that accepting connections needs.
+/// take the descriptors that accepting connections needs: a third of them, because the node
+/// journal may hold as many again open until its checkpoints sync them.
 fn fit_open_segments_to_descriptors(config: &mut BrokerConfig) {
     let descriptors = match raise_descriptor_limit() {
         Ok(descriptors) => descriptors,
@@ -139,7 +140,7 @@ fn fit_open_segments_to_descriptors(config: &mut BrokerConfig) {
             return;
         }
     };
-    let for_segments = (descriptors / 2).min(descriptors.saturating_sub(DESCRIPTORS_RESERVED));
+    let for_segments = (descriptors / 3).min(descriptors.saturating_sub(DESCRIPTORS_RESERVED));
     let for_segments = u32::try_from(for_segments).unwrap_or(u32::MAX).max(16);
     if config.max_open_segments > for_segments {
         tracing::warn!(

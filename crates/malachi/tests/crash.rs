@@ -19,13 +19,23 @@ async fn drain(
     common::drain(client, "crash", cursor).await
 }
 
+/// Keys each producer spreads its batches over: with 32 ranges a batch lands on many of them,
+/// so each produce is one group-commit round of many segments (the journal's case).
+const KEYS_PER_PRODUCER: usize = 16;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_produce_loses_no_acknowledged_record() {
+    for ranges in [2, 32] {
+        sigkill_mid_produce(ranges).await;
+    }
+}
+
+async fn sigkill_mid_produce(ranges: u32) {
     let dir = tempfile::tempdir().unwrap();
     let process = BrokerProcess::new(dir.path());
     let mut broker = process.spawn();
     let admin = process.connect().await;
-    admin.create_topic_with_ranges("crash", 2).await.unwrap();
+    admin.create_topic_with_ranges("crash", ranges).await.unwrap();
     let (_, start_cursor) = drain(&admin, None).await;
 
     let acked: Arc<Mutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
@@ -35,13 +45,20 @@ async fn sigkill_mid_produce_loses_no_acknowledged_record() {
         let port = process.port;
         producers.push(tokio::spawn(async move {
             let client = common::connect(port, "app", common::PASSWORD).await.unwrap();
-            let key = format!("p{producer}");
+            let keys: Vec<String> =
+                (0..KEYS_PER_PRODUCER).map(|key| format!("p{producer}k{key}")).collect();
             for sequence in 0u64.. {
-                let record = RecordBuilder::new(format!("{key}-{sequence:08}")).key(&key).build();
-                if client.produce("crash", vec![record]).await.is_err() {
+                let records = keys
+                    .iter()
+                    .map(|key| RecordBuilder::new(format!("{key}-{sequence:08}")).key(key).build())
+                    .collect();
+                if client.produce("crash", records).await.is_err() {
                     return;
                 }
-                acked.lock().unwrap().entry(key.clone()).or_default().push(sequence);
+                let mut acked = acked.lock().unwrap();
+                for key in &keys {
+                    acked.entry(key.clone()).or_default().push(sequence);
+                }
             }
         }));
     }
@@ -62,7 +79,10 @@ async fn sigkill_mid_produce_loses_no_acknowledged_record() {
     }
     let acked = acked.lock().unwrap().clone();
     let acked_total: usize = acked.values().map(Vec::len).sum();
-    assert!(acked_total > 50, "producers got {acked_total} acks before the kill");
+    assert!(
+        acked_total > 50,
+        "{ranges} ranges: {acked_total} records acknowledged before the kill"
+    );
 
     let mut broker = process.spawn();
     let client = process.connect().await;
@@ -81,18 +101,18 @@ async fn sigkill_mid_produce_loses_no_acknowledged_record() {
         // Unacknowledged records in flight at the kill may or may not exist, after the acked ones.
         assert!(
             read.len() >= sequences.len(),
-            "{key}: {} read, {} acknowledged",
+            "{ranges} ranges: {key}: {} read, {} acknowledged",
             read.len(),
             sequences.len()
         );
         assert_eq!(
             &read[..sequences.len()],
             &sequences[..],
-            "{key}: acknowledged records lost or reordered"
+            "{ranges} ranges: {key}: acknowledged records lost or reordered"
         );
     }
     for record in &everything {
-        assert!(seen.contains(&value(record)), "the follower missed {}", value(record));
+        assert!(distinct.contains(&value(record)), "the follower missed {}", value(record));
     }
     broker.kill().unwrap();
     broker.wait().unwrap();

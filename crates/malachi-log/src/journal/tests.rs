@@ -84,7 +84,7 @@ fn a_checkpoint_starts_over_and_replay_ignores_the_previous_lap() {
     let file = storage.open(&root().join(&a), OpenMode::Existing).unwrap();
     file.write_all_at(&[&vec![7u8; position as usize]], 0).unwrap();
     file.sync_data().unwrap();
-    journal.checkpoint_done().unwrap();
+    journal.checkpoint_now().unwrap();
     let late = [JournalEntry { path: &a, position, bytes: b"late" }];
     journal.write_round(&late, true).unwrap();
     drop(journal);
@@ -93,6 +93,54 @@ fn a_checkpoint_starts_over_and_replay_ignores_the_previous_lap() {
     assert_eq!((report.rounds, report.entries), (1, 1), "only the round after the checkpoint");
     let bytes = sim.durable_bytes(&root().join(&a)).unwrap();
     assert_eq!(&bytes[position as usize..], b"late");
+}
+
+/// A checkpoint begun at a mark while rounds go on: the rounds after the mark wrap to the front
+/// once the end is reached, never over the mark's round, and replay reads them across the wrap.
+#[test]
+fn rounds_after_a_mark_wrap_to_the_front_and_replay_across_the_wrap() {
+    let (sim, storage) = sim_with_root(5);
+    let a = target(&storage, "a");
+    let (mut journal, _) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    let chunk_bytes = 100_000u64;
+    let chunk = |round: u64| vec![u8::try_from(round).unwrap(); chunk_bytes as usize];
+    let write = |journal: &mut Journal, round: u64| {
+        let bytes = chunk(round);
+        let entry = [JournalEntry { path: &a, position: round * chunk_bytes, bytes: &bytes }];
+        let fits = journal.fits(&entry);
+        if fits {
+            journal.write_round(&entry, true).unwrap();
+        }
+        fits
+    };
+    for round in 0..6 {
+        assert!(write(&mut journal, round));
+    }
+    // Rounds 0-5 are made durable in the file, as the checkpoint's syncs would.
+    let mark = journal.mark();
+    let file = storage.open(&root().join(&a), OpenMode::Existing).unwrap();
+    let synced: Vec<u8> = (0..6).flat_map(chunk).collect();
+    file.write_all_at(&[&synced], 0).unwrap();
+    file.sync_data().unwrap();
+    let mut round = 6;
+    while write(&mut journal, round) {
+        round += 1;
+    }
+    let before_checkpoint = round;
+    assert!(before_checkpoint < 12, "without the checkpoint the mark's round is kept");
+    journal.checkpoint_done(mark).unwrap();
+    while write(&mut journal, round) {
+        round += 1;
+    }
+    assert!(round >= before_checkpoint + 5, "the front was free: {before_checkpoint}..{round}");
+    // The rounds after the mark reached the journal only.
+    drop((journal, file));
+    sim.crash_now();
+    sim.restart();
+    let (_, report) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+    assert_eq!(report.rounds, round - 6, "every round since the mark, across the wrap");
+    let expected: Vec<u8> = (0..round).flat_map(chunk).collect();
+    assert_eq!(sim.durable_bytes(&root().join(&a)).unwrap(), expected);
 }
 
 #[test]
@@ -120,9 +168,23 @@ fn records(count: usize, tag: &str) -> Vec<Record> {
 /// A node of `count` segments whose rounds go through a small journal (so checkpoints
 /// happen every few rounds).
 fn journaled_node(storage: &Arc<dyn Storage>, count: u64) -> (Arc<Committer>, Vec<Arc<Segment>>) {
+    journaled_node_syncing(storage, count, 1)
+}
+
+/// As [`journaled_node`], with up to `parallel_syncs` `fdatasync`s at once.
+fn journaled_node_syncing(
+    storage: &Arc<dyn Storage>,
+    count: u64,
+    parallel_syncs: usize,
+) -> (Arc<Committer>, Vec<Arc<Segment>>) {
     let (journal, _) = Journal::open(storage, &root(), JOURNAL_BYTES_MIN).unwrap();
-    let committer =
-        Committer::with_journal(None, 1, std::time::Duration::ZERO, journal, (root(), 1024));
+    let committer = Committer::with_journal(
+        None,
+        parallel_syncs,
+        std::time::Duration::ZERO,
+        journal,
+        (root(), 1024),
+    );
     let dir = root().join("segments");
     let segments = (1..=count)
         .map(|id| {
@@ -205,6 +267,50 @@ fn acknowledged_records_survive_a_power_loss_anywhere_around_the_journal() {
                 segment.durable_offset(),
                 acked[at]
             );
+        }
+    }
+}
+
+/// Writers on threads of their own, so that rounds run while a checkpoint syncs the files
+/// behind the journal and wrap around its mark; then a power loss. Every acknowledged record
+/// is there after the restart, and the run did checkpoint beside rounds.
+#[test]
+fn rounds_beside_a_running_checkpoint_lose_nothing_at_a_power_loss() {
+    const WRITERS: usize = 4;
+    const SEGMENTS_PER_WRITER: usize = 2;
+    for seed in 0..8u64 {
+        let (sim, storage) = sim_with_root(seed + 300);
+        let segment_count = (WRITERS * SEGMENTS_PER_WRITER) as u64;
+        let (committer, segments) = journaled_node_syncing(&storage, segment_count, 4);
+        let segments = Arc::new(segments);
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|writer| {
+                let segments = Arc::clone(&segments);
+                std::thread::spawn(move || {
+                    let mine = writer * SEGMENTS_PER_WRITER..(writer + 1) * SEGMENTS_PER_WRITER;
+                    let mut acked = vec![0u64; SEGMENTS_PER_WRITER];
+                    for round in 0..40 {
+                        for (slot, at) in mine.clone().enumerate() {
+                            let tag = format!("{writer}-{round}");
+                            let ticket = segments[at].stage(&records(30, &tag)).unwrap();
+                            segments[at].wait_durable(ticket).unwrap();
+                            acked[slot] = ticket.end_offset;
+                        }
+                    }
+                    acked
+                })
+            })
+            .collect();
+        let acked: Vec<u64> =
+            writers.into_iter().flat_map(|writer| writer.join().unwrap()).collect();
+        let stats = committer.stats();
+        assert!(stats.checkpoints >= 3, "seed {seed}: {stats:?}");
+        drop((committer, segments));
+        sim.crash_now();
+        sim.restart();
+        let (_, segments) = journaled_node(&storage, segment_count);
+        for (at, segment) in segments.iter().enumerate() {
+            assert_eq!(segment.durable_offset(), acked[at], "seed {seed}: segment {at}");
         }
     }
 }

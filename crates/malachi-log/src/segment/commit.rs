@@ -62,6 +62,8 @@ pub struct Committer {
     linger: Duration,
     /// The node journal, for rounds of several segments (see `crate::journal`).
     journal: Option<Mutex<JournalState>>,
+    /// Signalled when a checkpoint run beside the rounds ends.
+    checkpoint_finished: Condvar,
     state: Mutex<CommitState>,
     /// Signalled when a round ends.
     round_done: Condvar,
@@ -87,12 +89,16 @@ struct JournalState {
     journal: Journal,
     /// The directory entries' paths are relative to.
     root: PathBuf,
-    /// Segments written behind the journal since its last checkpoint (each once). They stay
-    /// open until it: their files must be synced before the journal lets go of their bytes.
+    /// Segments written behind the journal since the last checkpoint began (each once). They
+    /// stay open until the next one: their files must be synced before the journal lets go of
+    /// their bytes.
     behind: Vec<Arc<Segment>>,
-    /// More segments than this behind the journal force a checkpoint, so that the segments it
-    /// holds open never crowd out the node's open-segment cap (and its file descriptors).
+    /// More segments than this behind the journal begin a checkpoint, and a round that finds
+    /// them while one runs waits for it, so that the segments held open (at most twice this,
+    /// and two rounds') never crowd out the node's open-segment cap and file descriptors.
     behind_max: usize,
+    /// A checkpoint is syncing files beside the rounds ([`Committer::checkpoint_if_due`]).
+    checkpointing: bool,
     /// A journal write or sync failed: it is not used again in this process.
     broken: bool,
     /// The eighth of the journal at which write-back behind it was last started.
@@ -112,6 +118,7 @@ impl Committer {
             parallel_syncs: parallel_syncs.max(1),
             linger,
             journal: None,
+            checkpoint_finished: Condvar::new(),
             state: Mutex::new(CommitState::default()),
             round_done: Condvar::new(),
         })
@@ -132,6 +139,7 @@ impl Committer {
             root,
             behind: Vec::new(),
             behind_max,
+            checkpointing: false,
             broken: false,
             eighths_kicked: 0,
         };
@@ -140,6 +148,7 @@ impl Committer {
             parallel_syncs: parallel_syncs.max(1),
             linger,
             journal: Some(Mutex::new(state)),
+            checkpoint_finished: Condvar::new(),
             state: Mutex::new(CommitState::default()),
             round_done: Condvar::new(),
         })
@@ -176,32 +185,30 @@ impl Committer {
 
     /// Waits until `done` holds, running rounds while nobody else is. `done` is checked before
     /// each wait and after each round; it must become true once a round took what it waits for.
+    /// A round leader also runs a checkpoint that came due, after its round and beside the next.
     pub(crate) fn wait_until(&self, mut done: impl FnMut() -> bool) {
-        let mut state = self.lock();
         loop {
             // `done` locks a segment; never hold the committer's lock across it.
-            drop(state);
             if done() {
                 return;
             }
-            state = self.lock();
+            let state = self.lock();
             if state.running {
                 let finished = state.finished;
-                state = self
-                    .round_done
-                    .wait_while(state, |state| state.running && state.finished == finished)
-                    .expect("committer lock poisoned");
+                drop(
+                    self.round_done
+                        .wait_while(state, |state| state.running && state.finished == finished)
+                        .expect("committer lock poisoned"),
+                );
             } else {
-                state = self.run_round(state);
+                self.run_round(state);
+                self.checkpoint_if_due();
             }
         }
     }
 
     /// One round: take every dirty segment's batch, write them, one barrier, publish.
-    fn run_round<'a>(
-        &'a self,
-        mut state: MutexGuard<'a, CommitState>,
-    ) -> MutexGuard<'a, CommitState> {
+    fn run_round(&self, mut state: MutexGuard<'_, CommitState>) {
         state.running = true;
         if !self.linger.is_zero() {
             // Let more records arrive; a round signal (none while we run) cannot end it early.
@@ -228,12 +235,7 @@ impl Committer {
         for ((segment, job), outcome) in jobs.into_iter().zip(outcomes) {
             segment.finish_job(job, outcome);
         }
-        // After the acknowledgements, still inside the round: nothing else touches the journal.
-        let crowded = self.checkpoint_if_crowded();
         let mut state = self.lock();
-        if crowded == Some(Err(())) {
-            state.failed = true;
-        }
         match barrier {
             Barrier::Filesystem(Err(())) => state.fail_next = true,
             Barrier::Journal { checkpoint: Some(Err(())), .. } => state.failed = true,
@@ -243,7 +245,6 @@ impl Committer {
         state.running = false;
         state.finished += 1;
         self.round_done.notify_all();
-        state
     }
 
     /// A round through the journal: the entries are written and synced there first, then each
@@ -254,7 +255,7 @@ impl Committer {
         &self,
         jobs: &[(Arc<Segment>, FlushJob)],
     ) -> Option<(Vec<Result<(), PoisonCause>>, Barrier)> {
-        let mut journal = self.journal.as_ref()?.lock().expect("journal lock poisoned");
+        let mut journal = self.lock_journal()?;
         // Every round goes through the journal while it works, even a round of one segment: a
         // segment written around the journal could later be overwritten by a replay of an
         // older journal entry for the same bytes (one whose write behind had failed).
@@ -276,19 +277,31 @@ impl Committer {
         if entries.iter().any(|entry| !journal.journal.could_fit(std::slice::from_ref(entry))) {
             // One batch is larger than the journal: the round goes around it, after a
             // checkpoint, so that no older entry for these files can ever be replayed over it.
-            if self.checkpoint(&mut journal).is_err() {
+            let (journal, checkpointed) = self.checkpoint(journal);
+            drop(journal);
+            if checkpointed.is_err() {
                 return Some(self.fail_round(jobs, "a journal checkpoint failed", Some(Err(()))));
             }
             self.lock().stats.checkpoints += 1;
             return None;
         }
+        if journal.behind.len() > journal.behind_max {
+            // Crowded while a checkpoint runs: it must finish before more files are held open.
+            journal = self.wait_for_checkpoint(journal);
+        }
         let mut outcomes = Vec::with_capacity(jobs.len());
         let mut start = 0;
         while start < jobs.len() {
-            // As many entries as fit before the end; a checkpoint first if not even one does.
+            // As many entries as fit; if not even one does, the running checkpoint may free
+            // enough, else one here.
+            if !journal.journal.fits(&entries[start..=start]) {
+                journal = self.wait_for_checkpoint(journal);
+            }
             if !journal.journal.fits(&entries[start..=start]) {
                 checkpoints += 1;
-                if self.checkpoint(&mut journal).is_err() {
+                let checkpointed;
+                (journal, checkpointed) = self.checkpoint(journal);
+                if checkpointed.is_err() {
                     return Some(self.fail_round(
                         jobs,
                         "a journal checkpoint failed",
@@ -301,9 +314,11 @@ impl Committer {
                 end += 1;
             }
             if let Err(error) = journal.journal.write_round(&entries[start..end], sync) {
-                journal.broken = true;
                 // Stop depending on the journal: what was written behind it must be durable.
-                let checkpoint = Some(self.checkpoint(&mut journal));
+                let checkpointed;
+                (journal, checkpointed) = self.checkpoint(journal);
+                journal.broken = true;
+                let checkpoint = Some(checkpointed);
                 let kind = error.kind();
                 let mut failed = self.fail_round(jobs, "a journal write failed", checkpoint);
                 failed.0.iter_mut().for_each(|outcome| *outcome = Err(PoisonCause::Sync(kind)));
@@ -346,22 +361,65 @@ impl Committer {
         (vec![Err(PoisonCause::Sync(error.kind())); jobs.len()], Barrier::Journal { checkpoint })
     }
 
-    /// Checkpoints if more segments are held open behind the journal than it may hold.
-    fn checkpoint_if_crowded(&self) -> Option<Result<(), ()>> {
-        let mut journal = self.journal.as_ref()?.lock().expect("journal lock poisoned");
-        if journal.broken || journal.behind.len() <= journal.behind_max {
-            return None;
+    /// After a round, by its leader with no lock held: when half the journal is used since the
+    /// last checkpoint, or more segments than allowed are held open behind it, begins a
+    /// checkpoint and syncs the files behind it while other threads go on running rounds. A
+    /// failed sync stops the committer (see [`Committer::checkpoint`]).
+    fn checkpoint_if_due(&self) {
+        let Some(mut journal) = self.lock_journal() else { return };
+        let due = journal.journal.eighths_used() >= 4 || journal.behind.len() > journal.behind_max;
+        if journal.broken || journal.checkpointing || !due {
+            return;
         }
-        let done = self.checkpoint(&mut journal);
+        let mark = journal.journal.mark();
+        let behind = std::mem::take(&mut journal.behind);
+        journal.checkpointing = true;
+        drop(journal);
+        let synced = self.sync_behind(&behind);
+        let mut journal = self.lock_journal().expect("a journal");
+        journal.checkpointing = false;
+        self.checkpoint_finished.notify_all();
+        if synced.is_err() || journal.broken || journal.journal.checkpoint_done(mark).is_err() {
+            journal.broken = true;
+            self.lock().failed = true;
+        }
         self.lock().stats.checkpoints += 1;
-        Some(done)
     }
 
-    /// Syncs every segment file written behind the journal, then lets the journal start over.
-    /// On failure the journal keeps everything (nothing is rewound) and the committer stops
-    /// taking writes: only a restart's replay can restore what the failed syncs dropped.
-    fn checkpoint(&self, journal: &mut JournalState) -> Result<(), ()> {
+    /// Waits for a checkpoint running beside the rounds to end.
+    fn wait_for_checkpoint<'a>(
+        &'a self,
+        journal: MutexGuard<'a, JournalState>,
+    ) -> MutexGuard<'a, JournalState> {
+        self.checkpoint_finished
+            .wait_while(journal, |journal| journal.checkpointing)
+            .expect("journal lock poisoned")
+    }
+
+    /// Syncs every segment file written behind the journal and lets it start over, after any
+    /// checkpoint running beside the rounds (whose files would otherwise be declared durable
+    /// before they are). On failure the journal keeps everything (nothing is rewound) and the
+    /// committer stops taking writes: only a restart's replay can restore what the failed
+    /// syncs dropped.
+    fn checkpoint<'a>(
+        &'a self,
+        journal: MutexGuard<'a, JournalState>,
+    ) -> (MutexGuard<'a, JournalState>, Result<(), ()>) {
+        let mut journal = self.wait_for_checkpoint(journal);
         let behind = std::mem::take(&mut journal.behind);
+        if journal.broken
+            || self.sync_behind(&behind).is_err()
+            || journal.journal.checkpoint_now().is_err()
+        {
+            journal.broken = true;
+            return (journal, Err(()));
+        }
+        (journal, Ok(()))
+    }
+
+    /// Syncs the files of segments written behind the journal: one `syncfs` if configured,
+    /// else their `fdatasync`s together.
+    fn sync_behind(&self, behind: &[Arc<Segment>]) -> Result<(), ()> {
         let synced = match &self.filesystem {
             Some(filesystem) if behind.len() > 1 => vec![filesystem.sync_all()],
             _ => {
@@ -369,11 +427,11 @@ impl Committer {
                 self.sync_files(&segments)
             }
         };
-        if synced.iter().any(Result::is_err) || journal.journal.checkpoint_done().is_err() {
-            journal.broken = true;
-            return Err(());
-        }
-        Ok(())
+        if synced.iter().any(Result::is_err) { Err(()) } else { Ok(()) }
+    }
+
+    fn lock_journal(&self) -> Option<MutexGuard<'_, JournalState>> {
+        Some(self.journal.as_ref()?.lock().expect("journal lock poisoned"))
     }
 
     /// Writes every job, then makes the written ones durable together. Returns each job's
