@@ -106,7 +106,8 @@ fn report(outcome: &RunOutcome, canary: Option<&str>, verbose: bool) {
     let verdict = if outcome.passed() { "ok" } else { "FAILED" };
     println!(
         "seed {}: {verdict} trace {:016x} ({} events, {} acked produces, {} ms simulated, {} \
-         crashes ({} of the process), {} fail-stops, {} resets, {} clock jumps)",
+         crashes ({} of the process), {} fail-stops, {} resets, {} clock jumps, {} journal \
+         checkpoints)",
         outcome.seed,
         outcome.trace_hash,
         stats.history_events,
@@ -117,6 +118,7 @@ fn report(outcome: &RunOutcome, canary: Option<&str>, verbose: bool) {
         stats.fail_stops,
         stats.connection_resets,
         stats.clock_jumps,
+        stats.checkpoints,
     );
     if verbose {
         println!("  swarm: {}", outcome.swarm);

@@ -97,6 +97,8 @@ pub struct RunStats {
     pub clock_jumps: u64,
     pub connection_resets: u64,
     pub history_events: u64,
+    /// Journal checkpoints the node's incarnations ran before they went down (or the end).
+    pub checkpoints: u64,
 }
 
 pub struct RunOutcome {
@@ -167,6 +169,10 @@ struct Swarm {
     /// How group-commit rounds of several segments become durable: `journal`, `files` or
     /// `filesystem`.
     barrier: &'static str,
+    /// The journal's size: its checkpoints begin at half of it.
+    journal_bytes: u64,
+    /// Segment files open at once; half of it behind the journal begins a checkpoint.
+    max_open_segments: u64,
 }
 
 impl Swarm {
@@ -226,6 +232,8 @@ impl Swarm {
             segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
             retention_bytes: pick(&[8_192, 65_536]),
             barrier: ["journal", "journal", "files", "filesystem"][pick(&[0, 1, 2, 3]) as usize],
+            journal_bytes: pick(&[1 << 20, 2 << 20]),
+            max_open_segments: pick(&[16, 32, 1_024]),
         };
         match canary {
             Some(Canary::AckBeforeFsync) => {
@@ -267,6 +275,8 @@ impl Swarm {
             ("SEGMENT_MAX_BYTES", self.segment_max_bytes.to_string()),
             ("RETENTION_INTERVAL_MS", "250".into()),
             ("GROUP_COMMIT_BARRIER", self.barrier.into()),
+            ("JOURNAL_BYTES", self.journal_bytes.to_string()),
+            ("MAX_OPEN_SEGMENTS", self.max_open_segments.to_string()),
         ]
     }
 }
@@ -599,6 +609,7 @@ impl World {
         if self.damage.as_ref().is_some_and(|damage| matches!(damage.how, DamageKind::Cut { .. })) {
             self.repair_damage();
         }
+        self.count_checkpoints();
         self.stats.crashes += 1;
         if kind == CrashKind::Process {
             self.stats.process_crashes += 1;
@@ -849,7 +860,15 @@ impl World {
         self.trace.push(format!("{} {line}", self.now_ms));
     }
 
+    /// Adds the running incarnation's journal checkpoints to the run's.
+    fn count_checkpoints(&mut self) {
+        if let Some(broker) = self.node.broker() {
+            self.stats.checkpoints += broker.data_plane().commit_stats().checkpoints;
+        }
+    }
+
     fn finish(mut self) -> RunOutcome {
+        self.count_checkpoints();
         self.stats.simulated_ms = self.now_ms;
         self.stats.connection_resets = self.net.resets();
         self.findings.extend(self.ctx.findings.lock().expect("findings lock poisoned").drain(..));
