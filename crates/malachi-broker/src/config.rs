@@ -55,6 +55,8 @@ pub struct BrokerConfig {
     pub max_active_ranges: u32,
     /// Live topics one non-administrator may have created.
     pub max_topics_per_user: u32,
+    /// This broker's placement attributes (`MALACHI_LOG_ATTRIBUTES`, `rack=a,zone=eu-1`).
+    pub attributes: BTreeMap<String, String>,
 }
 
 /// The floor the original puts under the segment age threshold.
@@ -169,6 +171,7 @@ impl BrokerConfig {
             max_topics: sources.number("MAX_TOPICS", 10_000)?,
             max_active_ranges: sources.number("MAX_ACTIVE_RANGES", 16_384)?,
             max_topics_per_user: sources.number("MAX_TOPICS_PER_USER", 100)?,
+            attributes: attributes(sources)?,
         };
         config.validate()?;
         Ok(config)
@@ -223,6 +226,16 @@ impl BrokerConfig {
         }
         Ok(())
     }
+}
+
+fn attributes(sources: &Sources<'_>) -> Result<BTreeMap<String, String>, ConfigError> {
+    let Some((variable, value)) = sources.raw("LOG_ATTRIBUTES") else {
+        return Ok(BTreeMap::new());
+    };
+    malachi_meta::placement::parse_attributes(&value).map_err(|problem| ConfigError::OutOfRange {
+        name: variable,
+        problem: format!("{problem} in {value:?}"),
+    })
 }
 
 fn barrier(sources: &Sources<'_>) -> Result<crate::data::Barrier, ConfigError> {
@@ -285,6 +298,10 @@ mod tests {
         assert_eq!(config.segment_max_bytes, 67_108_864);
         assert_eq!((config.auth_rate_limit, config.auth_rate_window_ms), (10, 60_000));
         assert_eq!(config.retention_max_age_ms, None);
+        assert!(config.attributes.is_empty());
+        let zoned = load(&[], &[("MALACHI_LOG_ATTRIBUTES", "rack=a,zone=eu-1")], &[]).unwrap();
+        let zone = zoned.attributes.get("zone").map(String::as_str);
+        assert_eq!((zoned.attributes.len(), zone), (2, Some("eu-1")));
     }
 
     #[test]
@@ -311,6 +328,10 @@ mod tests {
             ),
             (("MALACHI_ADMIN_PASS", "short"), "MALACHI_ADMIN_PASS: must be at least 12 characters"),
             (("MALACHI_TCP_PORT", "70000"), "MALACHI_TCP_PORT: invalid value \"70000\""),
+            (
+                ("MALACHI_LOG_ATTRIBUTES", "rack"),
+                "MALACHI_LOG_ATTRIBUTES: attribute \"rack\" is not name=value",
+            ),
         ];
         for ((name, value), expected) in cases {
             let message = load(&[], &[(name, value)], &[]).unwrap_err().to_string();

@@ -7,6 +7,7 @@
 //! steps leaves a sealed head that metadata still calls active; the next produce to it finds the
 //! fence and completes the step as a roll (`heal_sealed_head`).
 
+use malachi_meta::placement::{self, Candidate, Constraints};
 use malachi_meta::{
     CreateTopic, MergeRanges, MetaCommand, MetaError, MetaResponse, RangeError, RollSegment,
     SealReport, SegmentRef, SegmentRoll, SplitRange, TopicError,
@@ -61,7 +62,7 @@ impl Broker {
             now_ms: self.clock.now_ms(),
             initial_ranges,
             segment_roll: SegmentRoll::default(),
-            replicas: vec![self.node_id],
+            replicas: self.segment_replicas(name.as_bytes()),
             creator: creator.map(str::to_string),
             quota: self.config.quota(),
         });
@@ -247,12 +248,13 @@ impl Broker {
         range_id: u32,
         seal: SealReport,
     ) -> Result<(), LogError> {
+        let now_ms = self.clock.now_ms();
         let command = MetaCommand::RollSegment(RollSegment {
             topic_id,
             range_id,
             seal,
-            now_ms: self.clock.now_ms(),
-            replicas: vec![self.node_id],
+            now_ms,
+            replicas: self.segment_replicas(&placement_object(topic_id, range_id, now_ms)),
         });
         let MetaResponse::SegmentRolled { segment_id, .. } = self.propose_meta(command).await?
         else {
@@ -307,12 +309,18 @@ impl Broker {
         } else {
             self.fence(topic_id, range_id).await?
         };
+        let now_ms = self.clock.now_ms();
+        let child = |child: u8| {
+            let mut object = placement_object(topic_id, range_id, now_ms);
+            object.push(child);
+            self.segment_replicas(&object)
+        };
         let command = MetaCommand::SplitRange(SplitRange {
             topic_id,
             range_id,
             seal: Some(seal),
-            now_ms: self.clock.now_ms(),
-            child_replicas: [vec![self.node_id], vec![self.node_id]],
+            now_ms,
+            child_replicas: [child(0), child(1)],
             quota: self.config.quota(),
         });
         match self.propose_meta(command).await {
@@ -358,12 +366,13 @@ impl Broker {
                 return Err(error);
             }
         };
+        let now_ms = self.clock.now_ms();
         let command = MetaCommand::MergeRanges(MergeRanges {
             topic_id,
             range_ids: [left, right],
             seals: [Some(left_seal), Some(right_seal)],
-            now_ms: self.clock.now_ms(),
-            replicas: vec![self.node_id],
+            now_ms,
+            replicas: self.segment_replicas(&placement_object(topic_id, left, now_ms)),
         });
         match self.propose_meta(command).await {
             Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
@@ -405,6 +414,18 @@ impl Broker {
                 })))
             }
         })
+    }
+
+    /// The replicas of a segment this node is about to create, for `object` (what the command
+    /// creates: a topic's name, a range and a time). Every placement goes through
+    /// `malachi_meta::placement`; until brokers find each other (the cluster issue) this node is
+    /// the only live broker and each segment has one replica.
+    fn segment_replicas(&self, object: &[u8]) -> Vec<u64> {
+        let live =
+            [Candidate { broker_id: self.node_id, attributes: self.config.attributes.clone() }];
+        placement::place(object, 1, &live, &[], &Constraints::default())
+            .expect("one replica on the one live broker always places")
+            .brokers
     }
 
     fn mark_reshaped(&self, topic_id: u64) {
@@ -452,4 +473,9 @@ pub(crate) fn map_meta_error(error: MetaError) -> LogError {
         MetaError::Topic(TopicError::AlreadyExists) => LogError::AlreadyExists,
         other => LogError::Meta(other),
     }
+}
+
+/// What placement hashes for a segment a range gets at `now_ms`.
+fn placement_object(topic_id: u64, range_id: u32, now_ms: u64) -> Vec<u8> {
+    [&topic_id.to_le_bytes()[..], &range_id.to_le_bytes(), &now_ms.to_le_bytes()].concat()
 }

@@ -19,6 +19,7 @@ pub mod keyspace;
 pub mod limits;
 pub mod model;
 pub mod names;
+pub mod placement;
 pub mod policy;
 pub mod reshard;
 pub mod retention;
