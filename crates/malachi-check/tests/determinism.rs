@@ -62,6 +62,8 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-consensus/src/network.rs", false),
     ("crates/malachi-consensus/src/watch.rs", false),
     ("crates/malachi-consensus/src/backend.rs", false),
+    // Membership: sans-IO, but it names socket address types (`std::net`).
+    ("crates/malachi-cluster/src", false),
     ("crates/malachi-sim/src/world.rs", false),
     ("crates/malachi-sim/src/net.rs", false),
     ("crates/malachi-sim/src/node.rs", false),
