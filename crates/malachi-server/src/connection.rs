@@ -23,6 +23,7 @@ use tokio_util::codec::FramedRead;
 
 use crate::ServerShared;
 use crate::auth;
+use crate::limits::AUTH_FRAME_BYTES_MAX;
 
 /// An authenticated session, fixed at auth time for the connection's life.
 #[derive(Clone, Debug)]
@@ -89,13 +90,15 @@ pub async fn serve_halves(
         }
     };
     let max_frame = broker.config().max_frame_bytes;
-    let mut frames = FramedRead::new(read_half, FrameCodec::new(max_frame));
+    let auth_max_frame = AUTH_FRAME_BYTES_MAX.min(max_frame);
+    let mut frames = FramedRead::new(read_half, FrameCodec::new(auth_max_frame));
     let Some(session) =
         auth::authenticate(&mut frames, &mut write_half, peer, &broker, &shared).await
     else {
         let _ = write_half.shutdown().await;
         return;
     };
+    frames.decoder_mut().set_max_frame_bytes(max_frame);
     let mut connection =
         Connection { broker, shared, writer: write_half, session, spread: Spread::default() };
     connection.run(frames).await;

@@ -7,6 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use malachi_wire::Reason;
 
+/// The largest frame read before login: an auth request is a user name and a password (or a
+/// token of a few KiB), so a stranger announcing megabytes is answered `frame_too_large` and
+/// closed before anything of it is buffered. The configured frame limit applies after login.
+pub const AUTH_FRAME_BYTES_MAX: u32 = 16 * 1024;
+
 #[derive(Debug)]
 pub struct ConnectionLimits {
     enabled: bool,

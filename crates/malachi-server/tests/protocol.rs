@@ -146,6 +146,30 @@ async fn connection_and_frame_limits() {
     assert!(first.is_closed().await);
 }
 
+/// Before login a frame is at most 16 KiB, whatever the configured limit: a stranger announcing
+/// megabytes is refused at the length prefix, before any of it is buffered; after login the
+/// configured limit applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_make_the_broker_buffer_a_large_first_frame() {
+    let server = start(&[]).await;
+    for announced in [16 * 1024 + 1, 16 * 1024 * 1024] {
+        let mut stranger = WireClient::connect(server.address).await;
+        stranger.send_raw(&u32::to_be_bytes(announced)).await;
+        stranger.send_raw(&vec![0u8; 64 * 1024]).await;
+        let answer = stranger.recv(Expect::Reply(malachi_wire::ApiKey::Auth)).await.unwrap();
+        assert_eq!((answer.corr, reason(&answer).as_str()), (0, "frame_too_large"), "{announced}");
+        assert!(stranger.is_closed().await);
+    }
+    // A logged-in client may send frames up to the configured limit (16 MiB by default).
+    let mut client = WireClient::login(server.address, "app", "app123").await;
+    let mut large = vec![0u8; 4 + 100_000];
+    large[..4].copy_from_slice(&100_000u32.to_be_bytes());
+    large[4..6].copy_from_slice(&2u16.to_be_bytes());
+    client.send_raw(&large).await;
+    let answer = client.recv(Expect::Reply(malachi_wire::ApiKey::Produce)).await.unwrap();
+    assert_eq!(reason(&answer), "malformed_request", "read whole, then refused as a request");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_push_within_their_credit() {
     let server = start(&[]).await;

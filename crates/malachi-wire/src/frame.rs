@@ -90,6 +90,11 @@ impl FrameCodec {
     pub fn max_frame_bytes(&self) -> u32 {
         self.max_frame_bytes
     }
+
+    /// Changes the bound from the next frame on (a connection raises it after login).
+    pub fn set_max_frame_bytes(&mut self, max_frame_bytes: u32) {
+        self.max_frame_bytes = max_frame_bytes;
+    }
 }
 
 impl Default for FrameCodec {
