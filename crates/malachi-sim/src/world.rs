@@ -293,8 +293,9 @@ enum DamageKind {
     /// A sealed segment cut short at `position` (its trailer lost), with its healthy bytes.
     Cut { original: Vec<u8>, position: u64 },
     /// One bit flipped, in a sealed segment or among an active one's durable records; flipping
-    /// it again repairs it.
-    Flip { position: u64, bit: u8 },
+    /// it again repairs it, unless the healthy byte was written back meanwhile (a journal
+    /// replay rewrites what it holds).
+    Flip { position: u64, bit: u8, healthy: u8 },
 }
 
 struct World {
@@ -715,11 +716,16 @@ impl World {
     fn flip(&mut self, key: SegmentKey, position: u64, what: &str) -> bool {
         let path = self.segment_path(key);
         let bit = self.rng.below(8) as u8;
+        let Some(healthy) = self.durable_byte(&path, position) else { return false };
         if self.node.storage.flip_bit(&path, position, bit).is_err() {
             return false;
         }
-        self.note_damage(key, path, DamageKind::Flip { position, bit }, what);
+        self.note_damage(key, path, DamageKind::Flip { position, bit, healthy }, what);
         true
+    }
+
+    fn durable_byte(&self, path: &Path, position: u64) -> Option<u8> {
+        self.node.storage.durable_bytes(path)?.get(usize::try_from(position).ok()?).copied()
     }
 
     fn segment_path(&self, key: SegmentKey) -> PathBuf {
@@ -744,8 +750,14 @@ impl World {
         let Some(damage) = self.damage.take() else { return };
         let restored = match &damage.how {
             DamageKind::Cut { original, .. } => self.node.storage.restore(&damage.path, original),
-            DamageKind::Flip { position, bit } => {
-                self.node.storage.flip_bit(&damage.path, *position, *bit)
+            DamageKind::Flip { position, bit, healthy } => {
+                match self.durable_byte(&damage.path, *position) {
+                    Some(byte) if byte != *healthy => {
+                        self.node.storage.flip_bit(&damage.path, *position, *bit)
+                    }
+                    Some(_) => Ok(()),
+                    None => Err(std::io::ErrorKind::NotFound.into()),
+                }
             }
         };
         if let Some(broker) = self.node.broker() {

@@ -301,6 +301,14 @@ impl SimState {
         self.files.values().map(|file| file.written.len() as u64).sum()
     }
 
+    /// Whether `handle` is a file removed (or replaced) since it was opened, in this
+    /// incarnation: on Linux an open descriptor outlives the name, so writes and syncs through
+    /// it succeed (on an inode nothing can reach again) rather than fail.
+    fn orphaned(&self, handle: &SimFileHandle) -> bool {
+        handle.epoch == self.epoch
+            && self.files.get(&handle.path).is_none_or(|file| file.id != handle.id)
+    }
+
     fn file(&mut self, handle: &SimFileHandle) -> io::Result<&mut SimFile> {
         if handle.epoch != self.epoch {
             return Err(io::Error::other("stale file handle from before a restart"));
@@ -459,6 +467,9 @@ impl StorageFile for SimFileHandle {
     fn write_all_at(&self, bufs: &[&[u8]], position: u64) -> io::Result<()> {
         let mut state = self.state.lock().expect("sim storage lock poisoned");
         state.tick()?;
+        if state.orphaned(self) {
+            return Ok(());
+        }
         let total: usize = bufs.iter().map(|buf| buf.len()).sum();
         let current_len = state.file(self)?.written.len() as u64;
         let growth = (position + total as u64).saturating_sub(current_len);
@@ -484,6 +495,9 @@ impl StorageFile for SimFileHandle {
     fn sync_data(&self) -> io::Result<()> {
         let mut state = self.state.lock().expect("sim storage lock poisoned");
         state.tick()?;
+        if state.orphaned(self) {
+            return Ok(());
+        }
         state.syncs += 1;
         let forced = state.forced_sync_failures > 0;
         let per_mille = state.faults.sync_failure_per_mille;

@@ -85,3 +85,22 @@ fn a_failed_sync_leaves_clean_pages_that_only_dropping_the_cache_reveals() {
     assert_eq!(file.read_at(&mut read, 0).unwrap(), 13);
     assert_eq!(&read, b"durable\0\0\0\0\0!", "dirty pages stay, clean ones come from the disk");
 }
+
+/// As on Linux, an open file outlives its name: writes and syncs through a handle whose file was
+/// removed (or replaced under the same name) succeed and reach nothing anyone can open.
+#[test]
+fn a_removed_file_stays_writable_and_syncable_through_its_open_handle() {
+    let sim = SimStorage::new(3);
+    create_dir_durable(&sim, Path::new("/"), Path::new("/d")).unwrap();
+    let path = Path::new("/d/f");
+    write_synced(&sim, path, b"first");
+    let open = sim.open(path, OpenMode::Existing).unwrap();
+    sim.remove(path).unwrap();
+    open.write_all_at(&[b"late"], 5).unwrap();
+    open.sync_data().unwrap();
+    assert!(!sim.exists(path).unwrap(), "the write did not bring the name back");
+    write_synced(&sim, path, b"second");
+    open.write_all_at(&[b"stale"], 0).unwrap();
+    open.sync_data().unwrap();
+    assert_eq!(sim.written_bytes(path).unwrap(), b"second", "the new file is untouched");
+}
