@@ -21,6 +21,8 @@ pub struct BrokerConfig {
     pub connection_limit_enabled: bool,
     pub max_conn_per_ip: u32,
     pub max_total_conn: u32,
+    /// Connections not yet logged in, at once (ours).
+    pub max_unauthenticated_conn: u32,
     pub data_dir: PathBuf,
     pub segment_max_bytes: u64,
     pub segment_max_age_ms: u64,
@@ -141,6 +143,7 @@ impl BrokerConfig {
             connection_limit_enabled: sources.flag("CONNECTION_LIMIT_ENABLED", true)?,
             max_conn_per_ip: sources.number("MAX_CONN_PER_IP", 100)?,
             max_total_conn: sources.number("MAX_TOTAL_CONN", 10_000)?,
+            max_unauthenticated_conn: sources.number("MAX_UNAUTHENTICATED_CONN", 512)?,
             data_dir: sources.text("LOG_DATA_DIR").unwrap_or_else(|| "malachi-data".into()).into(),
             segment_max_bytes: sources.number("SEGMENT_MAX_BYTES", 64 * 1024 * 1024)?,
             segment_max_age_ms: sources.number("SEGMENT_MAX_AGE_MS", 604_800_000)?,

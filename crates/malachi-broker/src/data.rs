@@ -726,6 +726,11 @@ impl DataPlane {
         self.run(move || segment.seal()).await
     }
 
+    /// Where blocking calls run (the server runs logins' Argon2 the same way).
+    pub fn io_mode(&self) -> IoMode {
+        self.io_mode
+    }
+
     /// Runs a blocking storage call where the I/O mode says.
     pub async fn run<T: Send + 'static>(&self, call: impl FnOnce() -> T + Send + 'static) -> T {
         match self.io_mode {

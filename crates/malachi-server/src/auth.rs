@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use malachi_broker::auth::{new_token, verify_password};
+use malachi_broker::auth::new_token;
 use malachi_broker::node::Broker;
 use malachi_meta::AdminCommand;
 use malachi_wire::messages::{AuthRequest, TokenResponse};
@@ -102,10 +102,8 @@ async fn login(
         admin.0.user(&username).map(|user| (user.password_hash.clone(), user.permissions.clone()))
     });
     let hash = stored.as_ref().map(|(hash, _)| hash.clone());
-    let checked_password = password.clone();
-    // Argon2 runs where the broker runs blocking work (inline under the simulator).
-    let matches =
-        broker.data_plane().run(move || verify_password(hash.as_deref(), &checked_password)).await;
+    // On the server's own Argon2 threads; a full queue is `overloaded`, judged nothing.
+    let matches = shared.passwords.verify(hash, password).await?;
     let Some((_, permissions)) = stored.filter(|_| matches) else {
         if rate_limited {
             shared

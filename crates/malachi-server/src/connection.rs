@@ -81,7 +81,7 @@ pub async fn serve_halves(
     shared: Arc<ServerShared>,
 ) {
     let slot = shared.limits.admit(peer.ip());
-    let _slot = match slot {
+    let mut slot = match slot {
         Ok(slot) => slot,
         Err(reason) => {
             let _ = write_frame(&mut write_half, &ResponseFrame::error(0, reason), &shared).await;
@@ -98,6 +98,7 @@ pub async fn serve_halves(
         let _ = write_half.shutdown().await;
         return;
     };
+    slot.logged_in();
     frames.decoder_mut().set_max_frame_bytes(max_frame);
     let mut connection =
         Connection { broker, shared, writer: write_half, session, spread: Spread::default() };

@@ -9,6 +9,7 @@ mod convert;
 mod dispatch;
 mod extensions;
 mod limits;
+mod password;
 mod policies;
 mod subscription;
 
@@ -30,6 +31,8 @@ pub struct ServerShared {
     pub auth_rate: Mutex<AuthRateLimiter>,
     pub max_frame_bytes: u32,
     pub send_timeout: Duration,
+    /// Argon2 for logins, off the storage pool, with a bounded queue.
+    pub passwords: password::PasswordPool,
 }
 
 impl ServerShared {
@@ -39,8 +42,8 @@ impl ServerShared {
         Arc::new(ServerShared {
             limits: ConnectionLimits::new(
                 config.connection_limit_enabled,
-                config.max_conn_per_ip,
-                config.max_total_conn,
+                (config.max_conn_per_ip, config.max_total_conn),
+                config.max_unauthenticated_conn,
             ),
             auth_rate: Mutex::new(AuthRateLimiter::new(
                 config.auth_rate_limit,
@@ -48,6 +51,7 @@ impl ServerShared {
             )),
             max_frame_bytes: config.max_frame_bytes,
             send_timeout: Duration::from_millis(config.tcp_send_timeout_ms),
+            passwords: password::PasswordPool::new(broker.data_plane().io_mode()),
         })
     }
 }

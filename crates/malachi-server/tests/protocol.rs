@@ -146,6 +146,35 @@ async fn connection_and_frame_limits() {
     assert!(first.is_closed().await);
 }
 
+/// Connections that never log in are bounded (`MALACHI_MAX_UNAUTHENTICATED_CONN`) whatever the
+/// other limits: of three strangers against a bound of two, exactly one is answered
+/// `overloaded` (the others time out unanswered), and logged-in connections take no place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_log_in_are_bounded() {
+    let settings = [
+        ("MAX_UNAUTHENTICATED_CONN", "2"),
+        ("CONNECTION_LIMIT_ENABLED", "false"),
+        ("AUTH_TIMEOUT_MS", "1000"),
+    ];
+    let server = start(&settings).await;
+    let _logged_in = [
+        WireClient::login(server.address, "app", "app123").await,
+        WireClient::login(server.address, "app", "app123").await,
+    ];
+    let mut strangers = Vec::new();
+    for _ in 0..3 {
+        strangers.push(WireClient::connect(server.address).await);
+    }
+    let mut answers = Vec::new();
+    for stranger in &mut strangers {
+        let answer = stranger.recv(Expect::Reply(malachi_wire::ApiKey::Auth)).await;
+        answers.push(answer.map(|frame| reason(&frame)));
+    }
+    let refused = answers.iter().filter(|answer| answer.as_deref() == Some("overloaded")).count();
+    let timed_out = answers.iter().filter(|answer| answer.is_none()).count();
+    assert_eq!((refused, timed_out), (1, 2), "{answers:?}");
+}
+
 /// Before login a frame is at most 16 KiB, whatever the configured limit: a stranger announcing
 /// megabytes is refused at the length prefix, before any of it is buffered; after login the
 /// configured limit applies.
