@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
+use std::net::{IpAddr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use argon2::{Argon2, PasswordHash, PasswordHasher, PasswordVerifier};
@@ -171,40 +172,113 @@ pub fn read_admin_credentials(data_dir: &Path) -> io::Result<(String, String)> {
     Ok((value("username")?, value("password")?))
 }
 
-/// Failed logins per client address per sliding window (`MALACHI_AUTH_RATE_LIMIT` per
+/// Failed logins per client per sliding window (`MALACHI_AUTH_RATE_LIMIT` per
 /// `MALACHI_AUTH_RATE_WINDOW_MS`). Only failures count: a guesser fails, while a developer running
-/// CLI commands in a loop logs in successfully every time and should never be throttled. Bounded:
-/// at most `ips_max` addresses are tracked.
+/// CLI commands in a loop logs in successfully every time and should never be throttled.
+///
+/// A client is an IPv4 address or an IPv6 /64 (one host usually holds a whole /64, so counting
+/// single IPv6 addresses would give a guesser 2^64 budgets). The check and the count are one step
+/// ([`AuthRateLimiter::begin`]): every login is counted as a failure *before* its password is
+/// checked and refunded if it succeeds, so concurrent guesses from one client cannot all pass
+/// the check before any is counted. Memory is bounded: each client keeps at most
+/// `attempts_max` times, and at most [`AUTH_RATE_CLIENTS_MAX`] clients are tracked; beyond
+/// that, those whose last failure is oldest are forgotten first.
 #[derive(Debug)]
 pub struct AuthRateLimiter {
     attempts_max: u32,
     window_ms: u64,
-    ips_max: usize,
-    failures: BTreeMap<String, VecDeque<u64>>,
+    clients_max: usize,
+    failures: BTreeMap<IpAddr, VecDeque<u64>>,
+}
+
+/// Clients the login rate limiter tracks at most.
+pub const AUTH_RATE_CLIENTS_MAX: usize = 100_000;
+
+/// A client used up its failed logins for the window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimited;
+
+/// A login counted against its client, to refund if it succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoginAttempt {
+    client: IpAddr,
+    at_ms: u64,
+}
+
+/// The client a peer address counts as: IPv4 (also when mapped into IPv6) as is, IPv6 by /64.
+pub fn rate_client(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => address,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+    }
 }
 
 impl AuthRateLimiter {
     pub fn new(attempts_max: u32, window_ms: u64) -> AuthRateLimiter {
-        AuthRateLimiter { attempts_max, window_ms, ips_max: 100_000, failures: BTreeMap::new() }
+        AuthRateLimiter::with_capacity(attempts_max, window_ms, AUTH_RATE_CLIENTS_MAX)
     }
 
-    /// Whether `ip` has used up its failures in the current window.
-    pub fn is_limited(&mut self, ip: &str, now_ms: u64) -> bool {
-        let window_ms = self.window_ms;
-        let Some(recent) = self.failures.get_mut(ip) else { return false };
+    pub fn with_capacity(attempts_max: u32, window_ms: u64, clients_max: usize) -> AuthRateLimiter {
+        AuthRateLimiter { attempts_max, window_ms, clients_max, failures: BTreeMap::new() }
+    }
+
+    /// Counts a login from `address` as a failure, unless its client has used up its failures
+    /// in the window (`Err`: refuse it without checking the password).
+    pub fn begin(&mut self, address: IpAddr, now_ms: u64) -> Result<LoginAttempt, RateLimited> {
+        let client = rate_client(address);
+        let (window_ms, attempts_max) = (self.window_ms, self.attempts_max as usize);
+        let recent = self.failures.entry(client).or_default();
         while recent.front().is_some_and(|&at| at + window_ms <= now_ms) {
             recent.pop_front();
         }
-        recent.len() as u64 >= u64::from(self.attempts_max)
+        if recent.len() >= attempts_max {
+            return Err(RateLimited);
+        }
+        recent.push_back(now_ms);
+        self.bound(now_ms);
+        Ok(LoginAttempt { client, at_ms: now_ms })
     }
 
-    /// Counts one failed login from `ip`.
-    pub fn record_failure(&mut self, ip: &str, now_ms: u64) {
-        self.failures.entry(ip.to_string()).or_default().push_back(now_ms);
-        if self.failures.len() > self.ips_max {
-            let window_ms = self.window_ms;
-            self.failures
-                .retain(|_, recent| recent.back().is_some_and(|&at| at + window_ms > now_ms));
+    /// The login succeeded (or was never judged): it no longer counts.
+    pub fn refund(&mut self, attempt: LoginAttempt) {
+        if let Some(recent) = self.failures.get_mut(&attempt.client) {
+            if let Some(at) = recent.iter().rposition(|&at| at == attempt.at_ms) {
+                recent.remove(at);
+            }
+            if recent.is_empty() {
+                self.failures.remove(&attempt.client);
+            }
+        }
+    }
+
+    /// Clients tracked now.
+    pub fn clients(&self) -> usize {
+        self.failures.len()
+    }
+
+    /// Keeps at most `clients_max` clients: those with no failure in the window go first, then
+    /// those whose last failure is oldest, a quarter at a time (so the sort is paid rarely).
+    fn bound(&mut self, now_ms: u64) {
+        if self.failures.len() <= self.clients_max {
+            return;
+        }
+        let window_ms = self.window_ms;
+        self.failures.retain(|_, recent| recent.back().is_some_and(|&at| at + window_ms > now_ms));
+        if self.failures.len() <= self.clients_max {
+            return;
+        }
+        let mut by_age: Vec<(u64, IpAddr)> = self
+            .failures
+            .iter()
+            .map(|(client, recent)| (recent.back().copied().unwrap_or(0), *client))
+            .collect();
+        by_age.sort_unstable();
+        let forget = self.failures.len() - self.clients_max * 3 / 4;
+        for (_, client) in by_age.into_iter().take(forget) {
+            self.failures.remove(&client);
         }
     }
 }
@@ -229,6 +303,52 @@ mod tests {
         assert!(!verify_password(None, "correct horse"));
         assert!(!verify_password(Some("not a hash"), "x"));
         assert_ne!(hash, hash_password("correct horse", &Fixed(2)), "salts differ");
+    }
+
+    #[test]
+    fn logins_are_counted_before_they_are_checked_and_refunded_on_success() {
+        let mut limiter = AuthRateLimiter::new(3, 1_000);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        // Three logins in flight at once: all counted; a fourth is refused before any answered.
+        let attempts: Vec<LoginAttempt> = (0..3).map(|_| limiter.begin(ip, 10).unwrap()).collect();
+        assert_eq!(limiter.begin(ip, 10), Err(RateLimited));
+        limiter.refund(attempts[0]);
+        assert!(limiter.begin(ip, 11).is_ok(), "a success gives its place back");
+        assert_eq!(limiter.begin(ip, 11), Err(RateLimited));
+        assert!(limiter.begin(ip, 1_011).is_ok(), "the window slides");
+        assert!(limiter.begin("10.0.0.2".parse().unwrap(), 11).is_ok(), "per client");
+    }
+
+    #[test]
+    fn an_ipv6_client_is_its_64() {
+        let cases = [
+            ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::"),
+            ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::"),
+            ("::ffff:192.0.2.7", "192.0.2.7"),
+            ("192.0.2.7", "192.0.2.7"),
+        ];
+        for (address, client) in cases {
+            let expected: IpAddr = client.parse().unwrap();
+            assert_eq!(rate_client(address.parse().unwrap()), expected, "{address}");
+        }
+        let mut limiter = AuthRateLimiter::new(1, 1_000);
+        assert!(limiter.begin("2001:db8::1".parse().unwrap(), 0).is_ok());
+        assert_eq!(limiter.begin("2001:db8::2".parse().unwrap(), 0), Err(RateLimited), "same /64");
+        assert!(limiter.begin("2001:db8:0:1::1".parse().unwrap(), 0).is_ok(), "next /64");
+    }
+
+    /// A flood from ever new clients keeps memory bounded, and forgets the oldest first.
+    #[test]
+    fn the_clients_tracked_are_bounded() {
+        let mut limiter = AuthRateLimiter::with_capacity(1, 1_000_000, 100);
+        let first: IpAddr = "10.0.0.0".parse().unwrap();
+        limiter.begin(first, 0).unwrap();
+        for at in 1..10_000u32 {
+            let client = IpAddr::from(std::net::Ipv4Addr::from(0x0b00_0000 + at));
+            limiter.begin(client, u64::from(at)).unwrap();
+            assert!(limiter.clients() <= 100, "{} clients after {at}", limiter.clients());
+        }
+        assert!(limiter.begin(first, 10_000).is_ok(), "the oldest client was forgotten");
     }
 
     #[test]
@@ -261,15 +381,18 @@ mod tests {
     #[test]
     fn only_failures_count_and_the_window_slides() {
         let mut limiter = AuthRateLimiter::new(2, 1000);
-        let ip = "10.0.0.1";
-        assert!(!limiter.is_limited(ip, 0), "successful logins are never counted");
-        limiter.record_failure(ip, 0);
-        limiter.record_failure(ip, 10);
-        let cases = [(20, true), (999, true), (1000, false)];
-        for (now_ms, limited) in cases {
-            assert_eq!(limiter.is_limited(ip, now_ms), limited, "at {now_ms}");
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        for _ in 0..5 {
+            let success = limiter.begin(ip, 0).unwrap();
+            limiter.refund(success);
         }
-        assert!(!limiter.is_limited("10.0.0.2", 20), "limits are per address");
+        assert_eq!(limiter.clients(), 0, "successful logins are never counted");
+        limiter.begin(ip, 0).unwrap();
+        limiter.begin(ip, 10).unwrap();
+        let cases = [(20, false), (999, false), (1000, true)];
+        for (now_ms, allowed) in cases {
+            assert_eq!(limiter.begin(ip, now_ms).is_ok(), allowed, "at {now_ms}");
+        }
     }
 
     #[test]

@@ -92,30 +92,37 @@ async fn login(
     if locked.is_some() {
         return Err(Reason::AccountLocked);
     }
-    let rate_limited = broker.config().rate_limit_enabled;
-    if rate_limited
-        && shared.auth_rate.lock().expect("rate limiter lock poisoned").is_limited(&address, now_ms)
-    {
-        return Err(Reason::RateLimitExceeded);
-    }
+    // Counted as a failure now, in the same step as the check, and refunded below if it
+    // succeeds or is never judged: concurrent guesses cannot all pass before one is counted.
+    let attempt = if broker.config().rate_limit_enabled {
+        let mut limiter = shared.auth_rate.lock().expect("rate limiter lock poisoned");
+        Some(limiter.begin(peer.ip(), now_ms).map_err(|_| Reason::RateLimitExceeded)?)
+    } else {
+        None
+    };
+    let refund = || {
+        if let Some(attempt) = attempt {
+            shared.auth_rate.lock().expect("rate limiter lock poisoned").refund(attempt);
+        }
+    };
     let stored = broker.admin_group().read(|admin| {
         admin.0.user(&username).map(|user| (user.password_hash.clone(), user.permissions.clone()))
     });
     let hash = stored.as_ref().map(|(hash, _)| hash.clone());
     // On the server's own Argon2 threads; a full queue is `overloaded`, judged nothing.
-    let matches = shared.passwords.verify(hash, password).await?;
-    let Some((_, permissions)) = stored.filter(|_| matches) else {
-        if rate_limited {
-            shared
-                .auth_rate
-                .lock()
-                .expect("rate limiter lock poisoned")
-                .record_failure(&address, now_ms);
+    let matches = match shared.passwords.verify(hash, password).await {
+        Ok(matches) => matches,
+        Err(reason) => {
+            refund();
+            return Err(reason);
         }
+    };
+    let Some((_, permissions)) = stored.filter(|_| matches) else {
         let failure = AdminCommand::RecordLoginFailure { username, address, now_ms };
         let _ = broker.admin_group().propose(failure).await;
         return Err(Reason::InvalidCredentials);
     };
+    refund();
     let had_failures =
         broker.admin_group().read(|admin| admin.0.lockout_entry(&username, &address).is_some());
     if had_failures {

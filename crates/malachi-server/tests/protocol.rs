@@ -157,10 +157,15 @@ async fn connections_that_never_log_in_are_bounded() {
         ("AUTH_TIMEOUT_MS", "1000"),
     ];
     let server = start(&settings).await;
-    let _logged_in = [
+    let mut logged_in = [
         WireClient::login(server.address, "app", "app123").await,
         WireClient::login(server.address, "app", "app123").await,
     ];
+    // A request answered after the login proves the server has moved the connection on.
+    for client in &mut logged_in {
+        let answer = client.call(Request::ListUsers(malachi_wire::messages::IgnoredPayload)).await;
+        assert_eq!(reason(&answer.unwrap()), "permission_denied");
+    }
     let mut strangers = Vec::new();
     for _ in 0..3 {
         strangers.push(WireClient::connect(server.address).await);
