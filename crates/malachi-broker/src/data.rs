@@ -650,7 +650,11 @@ impl OpenTask {
             Ok((segment, report)) => Ok((segment, Some(report))),
             Err(OpenError::BadHeader(error)) => {
                 let sealed = matches!(self.listed, Listed::Sealed { .. });
-                if !sealed && malachi_log::is_unborn(&*self.storage, &self.dir, key.segment_id)? {
+                // Its sync, like recovery's, may drop bytes only the journal holds.
+                let unborn = !sealed
+                    && malachi_log::is_unborn(&*self.storage, &self.dir, key.segment_id)
+                        .inspect_err(|_| self.committer.sync_failed())?;
+                if unborn {
                     // Its create never became durable, so it holds nothing anyone was promised
                     // (found by the simulator: a range whose new head hit a failed fdatasync
                     // refused every later produce).

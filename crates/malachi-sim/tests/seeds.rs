@@ -4,7 +4,8 @@
 use malachi_sim::{Canary, RunOptions, RunOutcome, replay_command, run};
 
 /// Seeds that found bugs, kept as regressions (see docs/testing.md for what each found).
-const REGRESSION_SEEDS: &[u64] = &[28, 37, 51, 72, 112, 155, 191, 325, 333, 335, 100102, 100215];
+const REGRESSION_SEEDS: &[u64] =
+    &[28, 37, 51, 72, 112, 155, 191, 325, 333, 335, 100102, 100215, 100786, 102643];
 /// Seeds every CI run replays.
 const FIXED_SEEDS: std::ops::Range<u64> = 0..12;
 /// Seeds derived from the commit hash, so each commit also explores somewhere new.

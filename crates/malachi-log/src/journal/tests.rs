@@ -314,3 +314,79 @@ fn rounds_beside_a_running_checkpoint_lose_nothing_at_a_power_loss() {
         }
     }
 }
+
+/// Found by the soak (seed 102643): a segment reopened after a failed write synced its file at
+/// open, and that sync failed, dropping acknowledged bytes written behind the journal; the
+/// committer went on, a later checkpoint let the journal forget them, and recovery cut them.
+/// A failed sync at open now stops the committer (no more rounds, no checkpoint), and a restart
+/// replays the journal: everything acknowledged is there.
+#[test]
+fn a_failed_sync_when_a_segment_reopens_stops_the_committer_and_loses_nothing() {
+    let (sim, storage) = sim_with_root(7);
+    let acked = {
+        let (committer, segments) = journaled_node(&storage, 2);
+        let mut acked = Vec::new();
+        for (at, segment) in segments.iter().enumerate() {
+            let ticket = segment.stage(&records(20, &format!("s{at}"))).unwrap();
+            segment.wait_durable(ticket).unwrap();
+            acked.push(ticket.end_offset);
+        }
+        // Reopened (as after a poisoned write), and its open-time sync fails.
+        sim.fail_next_syncs(1);
+        let dir = root().join("segments");
+        let reopened =
+            Segment::open(Arc::clone(&storage), &dir, 1, SegmentConfig::default(), &committer);
+        assert!(reopened.is_err(), "the failed sync fails the open");
+        assert!(committer.failed(), "the committer stops until a restart replays the journal");
+        let refused = segments[1].stage(&records(1, "after"));
+        if let Ok(ticket) = refused {
+            assert!(segments[1].wait_durable(ticket).is_err(), "no round after the failure");
+        }
+        acked
+    };
+    sim.restart_process();
+    let (_, segments) = journaled_node(&storage, 2);
+    for (at, segment) in segments.iter().enumerate() {
+        // The refused record may survive too (a process crash keeps what was written).
+        assert!(segment.durable_offset() >= acked[at], "segment {at}: {acked:?}");
+    }
+}
+
+/// Found by the soak (seed 100786): during a full disk, a batch reached the journal but not its
+/// segment (the segment grows; the preallocated journal does not); the segment was reopened at
+/// the same end and a shorter batch written there. Replaying both put the failed batch's tail
+/// after the acknowledged one, as records. A failed write behind now checkpoints the journal
+/// before the failure is reported, so the failed batch is never replayed.
+#[test]
+fn a_batch_whose_write_behind_failed_is_never_replayed_over_later_ones() {
+    let (sim, storage) = sim_with_root(8);
+    let dir = root().join("segments");
+    let acked = {
+        let (committer, segments) = journaled_node(&storage, 1);
+        let first = segments[0].stage(&records(2, "first")).unwrap();
+        segments[0].wait_durable(first).unwrap();
+        // The disk is full: the journal (preallocated) takes the batch, the segment does not.
+        let full = SimFaults { capacity_bytes: Some(sim.used_bytes()), ..SimFaults::default() };
+        sim.set_faults(full);
+        // Frames of the same size as the later batch's, so that the failed batch's second
+        // frame starts where the later batch ends, with the next offset: it would pass as a
+        // record.
+        let failed = segments[0].stage(&records(4, "fail")).unwrap();
+        assert!(segments[0].wait_durable(failed).is_err(), "the segment cannot grow");
+        sim.set_faults(SimFaults::default());
+        // Reopened at its durable end, as the broker does with a poisoned head.
+        let (reopened, _) =
+            Segment::open(Arc::clone(&storage), &dir, 1, SegmentConfig::default(), &committer)
+                .unwrap();
+        let later = reopened.stage(&records(1, "late")).unwrap();
+        reopened.wait_durable(later).unwrap();
+        later.end_offset
+    };
+    sim.crash_now();
+    sim.restart();
+    let (_, segments) = journaled_node(&storage, 1);
+    assert_eq!(segments[0].durable_offset(), acked, "nothing of the failed batch came back");
+    let read = segments[0].read(0, 100, 1 << 20).unwrap();
+    let last = read.records.last().unwrap();
+    assert!(String::from_utf8_lossy(&last.record.value).starts_with("late-0"), "{last:?}");
+}

@@ -163,7 +163,7 @@ impl Committer {
     /// acknowledged bytes written behind it, which only a replay restores: nothing may recover
     /// (and cut) that file in this process, so the committer stops taking writes and the node
     /// must restart. Without a journal the segment's own poison is enough.
-    pub(crate) fn sync_failed(&self) {
+    pub fn sync_failed(&self) {
         if self.journal.is_some() {
             self.lock().failed = true;
         }
@@ -339,6 +339,20 @@ impl Committer {
             }
             start = end;
         }
+        if outcomes.iter().any(Result::is_err) {
+            // A batch whose write behind failed is in the journal, yet its segment will be
+            // reopened at the same end and written over by other batches; replaying it then
+            // would bring its records back over (and past) theirs (found by the soak: seed
+            // 100786, repeated writes at one position during a full disk). A checkpoint, before
+            // anyone learns of the failure, puts it out of replay's reach.
+            checkpoints += 1;
+            let checkpointed;
+            (journal, checkpointed) = self.checkpoint(journal);
+            if checkpointed.is_err() {
+                drop(journal);
+                return Some(self.fail_round(jobs, "a journal checkpoint failed", Some(Err(()))));
+            }
+        }
         // Each eighth of the journal, start writing back everything behind it, so that the
         // checkpoint at its end finds the files mostly written and stalls its round briefly.
         let eighths = journal.journal.eighths_used();
@@ -368,7 +382,8 @@ impl Committer {
     fn checkpoint_if_due(&self) {
         let Some(mut journal) = self.lock_journal() else { return };
         let due = journal.journal.eighths_used() >= 4 || journal.behind.len() > journal.behind_max;
-        if journal.broken || journal.checkpointing || !due {
+        // Never after a failed sync: the journal must keep every entry for the restart's replay.
+        if journal.broken || journal.checkpointing || !due || self.lock().failed {
             return;
         }
         let mark = journal.journal.mark();

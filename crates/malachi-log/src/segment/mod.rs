@@ -228,7 +228,10 @@ impl Segment {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::Existing)?;
         if !config.canary_trust_page_cache {
-            file.sync_data()?;
+            // Behind a journal, a failed sync here may drop acknowledged bytes only the journal
+            // still holds (written behind it, not yet checkpointed): the committer must stop
+            // until a restart replays them, as for a failed sync in a round.
+            file.sync_data().inspect_err(|_| committer.sync_failed())?;
             storage.sync_dir(dir)?;
             file.drop_clean_cache()?;
         }
@@ -243,7 +246,8 @@ impl Segment {
             Some(trailer) => {
                 open_sealed(&*storage, file.as_ref(), &index_path, header, trailer, &config)?
             }
-            None => recover_unsealed(file.as_ref(), file_len, header, &config, recovery)?,
+            None => recover_unsealed(file.as_ref(), file_len, header, &config, recovery)
+                .inspect_err(|_| committer.sync_failed())?,
         };
         let (core, report) = recovered;
         let parts = Parts { segment_id, storage, data_path, index_path, file, config };
