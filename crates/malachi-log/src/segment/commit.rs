@@ -394,7 +394,13 @@ impl Committer {
         let mut journal = self.lock_journal().expect("a journal");
         journal.checkpointing = false;
         self.checkpoint_finished.notify_all();
-        if synced.is_err() || journal.broken || journal.journal.checkpoint_done(mark).is_err() {
+        // Again: a sync that failed elsewhere meanwhile may have dropped bytes behind the mark.
+        let failed = self.lock().failed;
+        if synced.is_err()
+            || failed
+            || journal.broken
+            || journal.journal.checkpoint_done(mark).is_err()
+        {
             journal.broken = true;
             self.lock().failed = true;
         }
@@ -422,8 +428,10 @@ impl Committer {
     ) -> (MutexGuard<'a, JournalState>, Result<(), ()>) {
         let mut journal = self.wait_for_checkpoint(journal);
         let behind = std::mem::take(&mut journal.behind);
+        // Never after a failed sync anywhere (see `checkpoint_if_due`).
         if journal.broken
             || self.sync_behind(&behind).is_err()
+            || self.lock().failed
             || journal.journal.checkpoint_now().is_err()
         {
             journal.broken = true;
