@@ -57,6 +57,9 @@ pub struct BrokerConfig {
     pub max_active_ranges: u32,
     /// Live topics one non-administrator may have created.
     pub max_topics_per_user: u32,
+    /// The node id a new data directory records (`MALACHI_NODE_ID`); an existing one keeps its
+    /// own, and must agree with this if set.
+    pub node_id: Option<u64>,
     /// This broker's placement attributes (`MALACHI_LOG_ATTRIBUTES`, `rack=a,zone=eu-1`).
     pub attributes: BTreeMap<String, String>,
 }
@@ -174,6 +177,7 @@ impl BrokerConfig {
             max_topics: sources.number("MAX_TOPICS", 10_000)?,
             max_active_ranges: sources.number("MAX_ACTIVE_RANGES", 16_384)?,
             max_topics_per_user: sources.number("MAX_TOPICS_PER_USER", 100)?,
+            node_id: sources.optional("NODE_ID", "a node id of 1 or more")?,
             attributes: attributes(sources)?,
         };
         config.validate()?;

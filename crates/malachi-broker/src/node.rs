@@ -376,7 +376,7 @@ fn load_cursor_key(data_dir: &Path, entropy: &dyn Entropy) -> io::Result<CursorK
 
 /// Creates the data directory durably: every missing level below the nearest existing
 /// ancestor, each made durable in its parent.
-fn create_data_dir(storage: &dyn Storage, data_dir: &Path) -> io::Result<()> {
+pub fn create_data_dir(storage: &dyn Storage, data_dir: &Path) -> io::Result<()> {
     let mut existing = data_dir;
     while !existing.as_os_str().is_empty() && !storage.exists(existing)? {
         existing = existing.parent().unwrap_or(Path::new(""));

@@ -4,6 +4,7 @@
 
 mod bench;
 mod cli;
+mod identity;
 mod serve;
 
 use std::process::ExitCode;

@@ -23,9 +23,10 @@ pub struct ServeArgs {
     /// A TOML file of settings (keys are the MALACHI_* names in lower case, without the prefix).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// This node's id in the cluster.
-    #[arg(long, default_value_t = 1)]
-    node_id: u64,
+    /// This broker's node id, recorded in the data directory at its first boot and kept after
+    /// [env: MALACHI_NODE_ID] [default: 1 for a new data directory, then the recorded one]
+    #[arg(long)]
+    node_id: Option<u64>,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), String> {
@@ -35,7 +36,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         .enable_all()
         .build()
         .map_err(|error| format!("starting the runtime: {error}"))?;
-    runtime.block_on(serve(config, args.node_id))
+    runtime.block_on(serve(config))
 }
 
 fn init_tracing() {
@@ -60,6 +61,9 @@ fn load_config(args: &ServeArgs) -> Result<BrokerConfig, String> {
     }
     if let Some(bind) = &args.bind {
         flags.insert("BIND_ADDRESS".to_string(), bind.clone());
+    }
+    if let Some(node_id) = args.node_id {
+        flags.insert("NODE_ID".to_string(), node_id.to_string());
     }
     let file = match &args.config {
         Some(path) => read_toml(path)?,
@@ -89,22 +93,26 @@ fn read_toml(path: &std::path::Path) -> Result<BTreeMap<String, String>, String>
 }
 
 /// Descriptors kept for everything but segment files: connections, the Raft store, sockets to
-/// peers. Segment handles may use what the limit leaves beyond it, up to half of the limit.
+/// peers. Segment handles may use what the limit leaves beyond it, up to a third of the limit.
 const DESCRIPTORS_RESERVED: u64 = 256;
 
-async fn serve(mut config: BrokerConfig, node_id: u64) -> Result<(), String> {
+async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     fit_open_segments_to_descriptors(&mut config);
     let data_dir = config.data_dir.clone();
-    let deps = NodeDeps::production(config, node_id);
+    let identity = crate::identity::load_or_create(&data_dir, config.node_id)
+        .map_err(|error| error.to_string())?;
+    let deps = NodeDeps::production(config, identity.node_id);
     let (broker, report) = Broker::open(deps).await.map_err(|error| error.to_string())?;
     let server = Server::bind(Arc::clone(&broker)).await.map_err(|error| {
         format!("binding {}:{}: {error}", broker.config().bind_address, broker.config().tcp_port)
     })?;
     let address = server.local_addr().map_err(|error| error.to_string())?;
     eprintln!(
-        "malachi {} listening on {address}, data in {}",
+        "malachi {} listening on {address}, data in {} (node {}, cluster {})",
         env!("CARGO_PKG_VERSION"),
-        data_dir.display()
+        data_dir.display(),
+        identity.node_id,
+        identity.cluster_id
     );
     if let Some(password) = &report.generated_admin_password {
         eprintln!("first boot: the admin password is {password}");

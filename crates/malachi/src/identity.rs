@@ -1,0 +1,193 @@
+//! Who this broker is: its node id and its cluster's id, recorded in the data directory at first
+//! boot (`<data dir>/identity`) and never changed after. Raft remembers voters by node id, so a
+//! data directory started once as node 1 must never come back as node 7: `--node-id` (or
+//! `MALACHI_NODE_ID`) may choose the id of a new directory, and must agree with the recorded one
+//! afterwards.
+//!
+//! A directory from before this file existed holds a Raft store (`raft.redb`) written as node 1,
+//! the only id a single broker ever used: it is recorded as node 1.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use malachi_broker::auth::{Entropy, OsEntropy};
+
+/// The identity file's name in the data directory.
+pub const IDENTITY_FILE: &str = "identity";
+/// The id a broker takes when nothing chooses one (and the one every older directory used).
+pub const DEFAULT_NODE_ID: u64 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeIdentity {
+    pub node_id: u64,
+    /// 32 hexadecimal digits, drawn at the cluster's first boot.
+    pub cluster_id: String,
+}
+
+/// Why the broker cannot know who it is.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error(
+        "{path} records node {recorded}, but node {requested} was asked for (--node-id or \
+         MALACHI_NODE_ID): a data directory keeps the node id it was first started with"
+    )]
+    Mismatch { path: PathBuf, recorded: u64, requested: u64 },
+    #[error(
+        "{path} holds the Raft state of node {DEFAULT_NODE_ID} (written before node ids were \
+         recorded), but node {requested} was asked for"
+    )]
+    OlderDirectory { path: PathBuf, requested: u64 },
+    #[error("node id 0 is reserved; choose 1 or more")]
+    ZeroNodeId,
+    #[error("{path}: {problem}")]
+    Damaged { path: PathBuf, problem: String },
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Reads the identity recorded in `data_dir`, or records one: `requested` or
+/// [`DEFAULT_NODE_ID`], and a new cluster id. The file is written to a temporary name, synced,
+/// renamed and its directory synced, so a crash leaves either no identity or a whole one.
+pub fn load_or_create(
+    data_dir: &Path,
+    requested: Option<u64>,
+) -> Result<NodeIdentity, IdentityError> {
+    load_or_create_with(data_dir, requested, &OsEntropy)
+}
+
+fn load_or_create_with(
+    data_dir: &Path,
+    requested: Option<u64>,
+    entropy: &dyn Entropy,
+) -> Result<NodeIdentity, IdentityError> {
+    if requested == Some(0) {
+        return Err(IdentityError::ZeroNodeId);
+    }
+    let path = data_dir.join(IDENTITY_FILE);
+    let io = |source| IdentityError::Io { path: path.clone(), source };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let identity = parse(&text)
+                .map_err(|problem| IdentityError::Damaged { path: path.clone(), problem })?;
+            match requested {
+                Some(requested) if requested != identity.node_id => {
+                    Err(IdentityError::Mismatch { path, recorded: identity.node_id, requested })
+                }
+                _ => Ok(identity),
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let raft = data_dir.join("raft.redb");
+            let older = raft.try_exists().map_err(io)?;
+            let node_id = match requested {
+                Some(requested) if older && requested != DEFAULT_NODE_ID => {
+                    return Err(IdentityError::OlderDirectory { path: raft, requested });
+                }
+                Some(requested) => requested,
+                None => DEFAULT_NODE_ID,
+            };
+            let mut bytes = [0u8; 16];
+            entropy.fill(&mut bytes);
+            let cluster_id: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+            let identity = NodeIdentity { node_id, cluster_id };
+            let storage = malachi_log::storage::RealStorage;
+            malachi_broker::node::create_data_dir(&storage, data_dir).map_err(io)?;
+            write_durably(data_dir, &path, &format(&identity)).map_err(io)?;
+            Ok(identity)
+        }
+        Err(error) => Err(io(error)),
+    }
+}
+
+fn format(identity: &NodeIdentity) -> String {
+    format!(
+        "# This broker's identity, recorded at its first boot. Do not edit or copy it.\n\
+         node_id = {}\ncluster_id = \"{}\"\n",
+        identity.node_id, identity.cluster_id
+    )
+}
+
+fn parse(text: &str) -> Result<NodeIdentity, String> {
+    let table: toml::Table = text.parse().map_err(|error| format!("not TOML: {error}"))?;
+    let node_id = table
+        .get("node_id")
+        .and_then(toml::Value::as_integer)
+        .and_then(|id| u64::try_from(id).ok())
+        .filter(|id| *id > 0)
+        .ok_or("no node_id of 1 or more")?;
+    let cluster_id = table
+        .get("cluster_id")
+        .and_then(toml::Value::as_str)
+        .filter(|id| id.len() == 32 && id.bytes().all(|byte| byte.is_ascii_hexdigit()))
+        .ok_or("no cluster_id of 32 hexadecimal digits")?
+        .to_string();
+    Ok(NodeIdentity { node_id, cluster_id })
+}
+
+fn write_durably(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
+    let temporary = dir.join(format!("{IDENTITY_FILE}.new"));
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&temporary, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(u8);
+    impl Entropy for Fixed {
+        fn fill(&self, bytes: &mut [u8]) {
+            bytes.fill(self.0);
+        }
+    }
+
+    #[test]
+    fn the_first_boot_records_an_identity_that_later_boots_keep() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = load_or_create_with(dir.path(), Some(7), &Fixed(0xab)).unwrap();
+        assert_eq!(first, NodeIdentity { node_id: 7, cluster_id: "ab".repeat(16) });
+        let cases = [(None, Ok(7)), (Some(7), Ok(7)), (Some(8), Err("records node 7"))];
+        for (requested, expected) in cases {
+            let loaded = load_or_create_with(dir.path(), requested, &Fixed(0xcd));
+            match (loaded, expected) {
+                (Ok(identity), Ok(node_id)) => {
+                    assert_eq!(identity, NodeIdentity { node_id, cluster_id: "ab".repeat(16) });
+                }
+                (Err(error), Err(text)) => assert!(error.to_string().contains(text), "{error}"),
+                (loaded, expected) => panic!("{requested:?}: {loaded:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_directory_from_before_identities_is_node_1() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("raft.redb"), b"raft state").unwrap();
+        let refused = load_or_create_with(dir.path(), Some(7), &Fixed(1)).unwrap_err();
+        assert!(matches!(refused, IdentityError::OlderDirectory { requested: 7, .. }), "{refused}");
+        assert_eq!(load_or_create_with(dir.path(), None, &Fixed(1)).unwrap().node_id, 1);
+    }
+
+    #[test]
+    fn zero_and_damaged_identities_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            load_or_create_with(dir.path(), Some(0), &Fixed(1)),
+            Err(IdentityError::ZeroNodeId)
+        ));
+        let cases = [
+            ("node_id = 0\ncluster_id = \"00000000000000000000000000000000\"\n", "no node_id"),
+            ("node_id = 3\ncluster_id = \"xyz\"\n", "no cluster_id"),
+            ("node_id = = 3", "not TOML"),
+        ];
+        for (text, problem) in cases {
+            std::fs::write(dir.path().join(IDENTITY_FILE), text).unwrap();
+            let error = load_or_create_with(dir.path(), None, &Fixed(1)).unwrap_err();
+            assert!(error.to_string().contains(problem), "{text:?}: {error}");
+        }
+    }
+}
