@@ -52,14 +52,6 @@ pub fn load_or_create(
     data_dir: &Path,
     requested: Option<u64>,
 ) -> Result<NodeIdentity, IdentityError> {
-    load_or_create_with(data_dir, requested, &OsEntropy)
-}
-
-fn load_or_create_with(
-    data_dir: &Path,
-    requested: Option<u64>,
-    entropy: &dyn Entropy,
-) -> Result<NodeIdentity, IdentityError> {
     if requested == Some(0) {
         return Err(IdentityError::ZeroNodeId);
     }
@@ -87,7 +79,7 @@ fn load_or_create_with(
                 None => DEFAULT_NODE_ID,
             };
             let mut bytes = [0u8; 16];
-            entropy.fill(&mut bytes);
+            OsEntropy.fill(&mut bytes);
             let cluster_id: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
             let identity = NodeIdentity { node_id, cluster_id };
             let storage = malachi_log::storage::RealStorage;
@@ -138,24 +130,19 @@ fn write_durably(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
-    struct Fixed(u8);
-    impl Entropy for Fixed {
-        fn fill(&self, bytes: &mut [u8]) {
-            bytes.fill(self.0);
-        }
-    }
-
     #[test]
     fn the_first_boot_records_an_identity_that_later_boots_keep() {
         let dir = tempfile::tempdir().unwrap();
-        let first = load_or_create_with(dir.path(), Some(7), &Fixed(0xab)).unwrap();
-        assert_eq!(first, NodeIdentity { node_id: 7, cluster_id: "ab".repeat(16) });
+        let first = load_or_create(dir.path(), Some(7)).unwrap();
+        assert_eq!(first.node_id, 7);
+        assert!(parse(&format(&first)).is_ok(), "{first:?}");
         let cases = [(None, Ok(7)), (Some(7), Ok(7)), (Some(8), Err("records node 7"))];
         for (requested, expected) in cases {
-            let loaded = load_or_create_with(dir.path(), requested, &Fixed(0xcd));
+            let loaded = load_or_create(dir.path(), requested);
             match (loaded, expected) {
                 (Ok(identity), Ok(node_id)) => {
-                    assert_eq!(identity, NodeIdentity { node_id, cluster_id: "ab".repeat(16) });
+                    let cluster_id = first.cluster_id.clone();
+                    assert_eq!(identity, NodeIdentity { node_id, cluster_id }, "kept as recorded");
                 }
                 (Err(error), Err(text)) => assert!(error.to_string().contains(text), "{error}"),
                 (loaded, expected) => panic!("{requested:?}: {loaded:?}, expected {expected:?}"),
@@ -167,18 +154,15 @@ mod tests {
     fn a_directory_from_before_identities_is_node_1() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("raft.redb"), b"raft state").unwrap();
-        let refused = load_or_create_with(dir.path(), Some(7), &Fixed(1)).unwrap_err();
+        let refused = load_or_create(dir.path(), Some(7)).unwrap_err();
         assert!(matches!(refused, IdentityError::OlderDirectory { requested: 7, .. }), "{refused}");
-        assert_eq!(load_or_create_with(dir.path(), None, &Fixed(1)).unwrap().node_id, 1);
+        assert_eq!(load_or_create(dir.path(), None).unwrap().node_id, 1);
     }
 
     #[test]
     fn zero_and_damaged_identities_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(
-            load_or_create_with(dir.path(), Some(0), &Fixed(1)),
-            Err(IdentityError::ZeroNodeId)
-        ));
+        assert!(matches!(load_or_create(dir.path(), Some(0)), Err(IdentityError::ZeroNodeId)));
         let cases = [
             ("node_id = 0\ncluster_id = \"00000000000000000000000000000000\"\n", "no node_id"),
             ("node_id = 3\ncluster_id = \"xyz\"\n", "no cluster_id"),
@@ -186,7 +170,7 @@ mod tests {
         ];
         for (text, problem) in cases {
             std::fs::write(dir.path().join(IDENTITY_FILE), text).unwrap();
-            let error = load_or_create_with(dir.path(), None, &Fixed(1)).unwrap_err();
+            let error = load_or_create(dir.path(), None).unwrap_err();
             assert!(error.to_string().contains(problem), "{text:?}: {error}");
         }
     }
