@@ -11,7 +11,7 @@
 //! |---|---|
 //! | version | u8 = 1 |
 //! | topic_id | u64 |
-//! | entry_count | u16 |
+//! | entry_count | u16, at most [`CURSOR_ENTRIES_MAX`], equal to the entries that follow |
 //! | entries | entry_count × (`range_id` u32, `offset` u64; `u64::MAX` = drained), sorted by range |
 //! | tag | first 16 bytes of HMAC-SHA256(secret, everything above) |
 //!
@@ -27,14 +27,19 @@ use sha2::Sha256;
 
 pub const CURSOR_VERSION: u8 = 1;
 pub const TAG_BYTES: usize = 16;
-/// The most entries one cursor holds; bounds its size and its decoding work. It equals the
-/// metadata's cap on ranges a topic may ever create, so no frontier can exceed it.
-pub const CURSOR_ENTRIES_MAX: usize = 65_536;
+/// The most entries one cursor holds; bounds its size and its decoding work. Well below the
+/// 65,535 its u16 count can say (65,536 entries, the metadata's cap on ranges a topic may ever
+/// create, wrapped the count to 0), and small enough that the longest cursor text (256,036
+/// bytes) stays under the 262,144 bytes a client of the original accepts (wire-protocol.md
+/// section 2.2). A frontier wider than this is refused when minted, never wrapped.
+pub const CURSOR_ENTRIES_MAX: usize = 16_000;
+const _: () = assert!(CURSOR_ENTRIES_MAX <= u16::MAX as usize, "the count is a u16");
 const ENTRY_BYTES: usize = 12;
 const HEADER_BYTES: usize = 1 + 8 + 2;
 const DRAINED: u64 = u64::MAX;
 /// The longest cursor text accepted, checked before decoding anything.
 pub const CURSOR_TEXT_BYTES_MAX: usize = text_bytes_bound(CURSOR_ENTRIES_MAX);
+const _: () = assert!(CURSOR_TEXT_BYTES_MAX <= 262_144, "the original's clients accept it");
 
 /// The length of a cursor with `entries` entries, rounded up.
 pub const fn text_bytes_bound(entries: usize) -> usize {
@@ -73,7 +78,8 @@ pub enum CursorError {
     ForeignTopic,
     #[error("cursor entries are not strictly sorted by range")]
     Unsorted,
-    #[error("cursor has too many entries")]
+    /// On decode, a count above [`CURSOR_ENTRIES_MAX`]; on encode, a frontier wider than it.
+    #[error("cursor has more than {CURSOR_ENTRIES_MAX} entries")]
     TooManyEntries,
 }
 
@@ -101,13 +107,18 @@ impl CursorKey {
         CursorKey { secret }
     }
 
-    pub fn encode(&self, cursor: &Cursor) -> String {
-        assert!(cursor.positions.len() <= CURSOR_ENTRIES_MAX, "cursor over its entry limit");
+    /// Mints the text of `cursor`; a frontier of more than [`CURSOR_ENTRIES_MAX`] ranges is
+    /// refused rather than given a count that no longer matches its entries.
+    pub fn encode(&self, cursor: &Cursor) -> Result<String, CursorError> {
+        if cursor.positions.len() > CURSOR_ENTRIES_MAX {
+            return Err(CursorError::TooManyEntries);
+        }
+        let count = u16::try_from(cursor.positions.len()).expect("the limit fits a u16");
         let mut bytes =
             Vec::with_capacity(HEADER_BYTES + cursor.positions.len() * ENTRY_BYTES + TAG_BYTES);
         bytes.push(CURSOR_VERSION);
         bytes.extend_from_slice(&cursor.topic_id.to_be_bytes());
-        bytes.extend_from_slice(&(cursor.positions.len() as u16).to_be_bytes());
+        bytes.extend_from_slice(&count.to_be_bytes());
         for (range_id, position) in &cursor.positions {
             bytes.extend_from_slice(&range_id.to_be_bytes());
             let offset = match position {
@@ -121,7 +132,9 @@ impl CursorKey {
         }
         let tag = self.tag(&bytes);
         bytes.extend_from_slice(&tag[..TAG_BYTES]);
-        URL_SAFE_NO_PAD.encode(bytes)
+        let text = URL_SAFE_NO_PAD.encode(bytes);
+        assert!(text.len() <= CURSOR_TEXT_BYTES_MAX, "a minted cursor decodes");
+        Ok(text)
     }
 
     /// Decodes and verifies a cursor for `topic_id`.
@@ -203,7 +216,7 @@ mod tests {
             topic_id: 3,
             positions: BTreeMap::from([(0, RangePosition::At(5)), (1, RangePosition::Drained)]),
         };
-        let text = key().encode(&cursor);
+        let text = key().encode(&cursor).unwrap();
         assert_eq!(text, "AQAAAAAAAAADAAIAAAAAAAAAAAAAAAUAAAAB___________tId6ztbZqClXoBcIm5lU2");
         assert!(text.is_ascii());
     }
@@ -211,8 +224,8 @@ mod tests {
     #[test]
     fn refusals_are_named() {
         let cursor = Cursor { topic_id: 3, positions: BTreeMap::from([(0, RangePosition::At(5))]) };
-        let text = key().encode(&cursor);
-        let other_key = CursorKey::new([8u8; 32]).encode(&cursor);
+        let text = key().encode(&cursor).unwrap();
+        let other_key = CursorKey::new([8u8; 32]).encode(&cursor).unwrap();
         let cases: Vec<(Vec<u8>, u64, CursorError)> = vec![
             (b"not base64!".to_vec(), 3, CursorError::NotBase64),
             (b"AAAA".to_vec(), 3, CursorError::BadLength),
@@ -233,17 +246,83 @@ mod tests {
         }
     }
 
+    fn cursor_of(entries: usize) -> Cursor {
+        let positions = (0..entries as u32).map(|range| (range, RangePosition::At(1))).collect();
+        Cursor { topic_id: 3, positions }
+    }
+
+    /// A frontier at the limit round-trips; one range more, or the 65,536 that used to wrap the
+    /// u16 count to 0, is refused rather than minted as a cursor that cannot decode.
+    #[test]
+    fn minting_stops_at_the_entry_limit() {
+        let cases = [
+            (0, true),
+            (1, true),
+            (CURSOR_ENTRIES_MAX, true),
+            (CURSOR_ENTRIES_MAX + 1, false),
+            (usize::from(u16::MAX), false),
+            (usize::from(u16::MAX) + 1, false),
+        ];
+        for (entries, minted) in cases {
+            let cursor = cursor_of(entries);
+            match key().encode(&cursor) {
+                Ok(text) => {
+                    assert!(minted, "{entries} entries minted");
+                    assert!(text.len() <= CURSOR_TEXT_BYTES_MAX, "{entries}");
+                    assert_eq!(key().decode(text.as_bytes(), 3), Ok(cursor), "{entries}");
+                }
+                Err(error) => {
+                    assert!(!minted, "{entries} entries refused");
+                    assert_eq!(error, CursorError::TooManyEntries);
+                }
+            }
+        }
+    }
+
+    /// Correctly tagged bodies whose count disagrees with their entries (as a forger holding
+    /// the key, or a wrapped count, would make them) are refused.
+    #[test]
+    fn a_count_that_does_not_match_the_entries_is_refused() {
+        let tagged = |count: u16, entries: usize| {
+            let mut body = vec![CURSOR_VERSION];
+            body.extend_from_slice(&3u64.to_be_bytes());
+            body.extend_from_slice(&count.to_be_bytes());
+            for range in 0..entries as u32 {
+                body.extend_from_slice(&range.to_be_bytes());
+                body.extend_from_slice(&1u64.to_be_bytes());
+            }
+            let tag = key().tag(&body);
+            body.extend_from_slice(&tag[..TAG_BYTES]);
+            URL_SAFE_NO_PAD.encode(body)
+        };
+        let limit = CURSOR_ENTRIES_MAX as u16;
+        let cases = [
+            (1, 1, Ok(())),
+            (2, 1, Err(CursorError::BadLength)),
+            (0, 1, Err(CursorError::BadLength)),
+            (limit - 1, usize::from(limit), Err(CursorError::BadLength)),
+            (limit + 1, 1, Err(CursorError::TooManyEntries)),
+            (u16::MAX, 1, Err(CursorError::TooManyEntries)),
+            // What 65,536 entries used to be minted as: a count of 0.
+            (0, usize::from(u16::MAX) + 1, Err(CursorError::TooLong)),
+        ];
+        for (count, entries, expected) in cases {
+            let decoded = key().decode(tagged(count, entries).as_bytes(), 3).map(|_| ());
+            assert_eq!(decoded, expected, "count {count}, {entries} entries");
+        }
+    }
+
     proptest! {
         #[test]
         fn minted_cursors_decode(cursor in arb_cursor()) {
-            let text = key().encode(&cursor);
+            let text = key().encode(&cursor).unwrap();
             prop_assert!(text.len() <= CURSOR_TEXT_BYTES_MAX);
             prop_assert_eq!(key().decode(text.as_bytes(), cursor.topic_id), Ok(cursor));
         }
 
         #[test]
         fn any_byte_mutation_is_rejected(cursor in arb_cursor(), at in any::<prop::sample::Index>(), byte in any::<u8>()) {
-            let text = key().encode(&cursor).into_bytes();
+            let text = key().encode(&cursor).unwrap().into_bytes();
             let at = at.index(text.len());
             prop_assume!(text[at] != byte);
             let mut mutated = text.clone();

@@ -31,6 +31,10 @@ pub enum LogError {
     Migrating,
     #[error("permission denied")]
     PermissionDenied,
+    /// The reader's position spans more ranges than a cursor may name
+    /// ([`crate::cursor::CURSOR_ENTRIES_MAX`]).
+    #[error("the reader's position spans {entries} ranges, more than a cursor holds")]
+    FrontierTooWide { entries: usize },
 }
 
 impl LogError {
@@ -47,6 +51,7 @@ impl LogError {
             LogError::Unavailable(_) => "metadata_unavailable".into(),
             LogError::Migrating => "migrating".into(),
             LogError::PermissionDenied => "permission_denied".into(),
+            LogError::FrontierTooWide { .. } => "too_many_ranges".into(),
         }
     }
 

@@ -103,11 +103,8 @@ impl Broker {
                 self.read_frontier(&topic, &mut frontier, max, args.total_max).await?;
             if !records.is_empty() || wait_ms == 0 || deadline.is_elapsed() {
                 let cursor = Cursor { topic_id: topic.topic_id, positions: frontier };
-                return Ok(FetchPage {
-                    records,
-                    next_cursor: self.cursors.encode(&cursor),
-                    skipped,
-                });
+                let next_cursor = self.mint_cursor(&cursor)?;
+                return Ok(FetchPage { records, next_cursor, skipped });
             }
             let parked = self.notifier.park(topic.topic_id);
             tokio::select! {
@@ -134,6 +131,13 @@ impl Broker {
             return Ok(self.group_frontier(topic, group));
         }
         Ok(frontier::initial(topic))
+    }
+
+    /// The text of a reader's position. A frontier over more ranges than a cursor holds (only a
+    /// pathological reshaping history makes one) is refused, never minted with a wrapped count.
+    pub(crate) fn mint_cursor(&self, cursor: &Cursor) -> Result<String, LogError> {
+        let entries = cursor.positions.len();
+        self.cursors.encode(cursor).map_err(|_| LogError::FrontierTooWide { entries })
     }
 
     /// Decodes and checks a client's cursor: our tag, our topic, ranges that exist and do not

@@ -157,7 +157,7 @@ impl Broker {
             .read(|meta| meta.0.topic_by_name(topic).cloned())
             .ok_or(LogError::NoSuchTopic)?;
         let positions = self.group_frontier(&topic, group);
-        Ok(self.cursors.encode(&crate::cursor::Cursor { topic_id: topic.topic_id, positions }))
+        self.mint_cursor(&crate::cursor::Cursor { topic_id: topic.topic_id, positions })
     }
 
     /// Keeps a subscribed member alive between fetches.

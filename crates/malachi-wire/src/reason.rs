@@ -120,7 +120,8 @@ reasons! {
     BatchTooManyRecords = "batch_too_many_records",
     /// `create_topic_ranges` with a count that is not a power of two within the limit.
     InvalidRangeCount = "invalid_range_count",
-    /// A split would exceed the topic's active-range limit.
+    /// A split would exceed the topic's active-range limit; or a fetch's position spans more
+    /// ranges than one cursor may name.
     TooManyRanges = "too_many_ranges",
     /// A split of a range of width 1.
     RangeTooSmall = "range_too_small",
