@@ -375,15 +375,28 @@ fn load_cursor_key(data_dir: &Path, entropy: &dyn Entropy) -> io::Result<CursorK
 }
 
 /// Creates the data directory durably: every missing level below the nearest existing
-/// ancestor, each made durable in its parent.
+/// ancestor, each made durable in its parent, and each private to the broker's user. A data
+/// directory that already exists with a looser mode (from an older version, or made by hand) is
+/// made private too, and the log says so: it holds password hashes and the cursor secret.
 pub fn create_data_dir(storage: &dyn Storage, data_dir: &Path) -> io::Result<()> {
     let mut existing = data_dir;
     while !existing.as_os_str().is_empty() && !storage.exists(existing)? {
         existing = existing.parent().unwrap_or(Path::new(""));
     }
-    malachi_log::create_dir_durable(storage, existing, data_dir)
+    malachi_log::create_dir_durable(storage, existing, data_dir)?;
+    if let Some(before) = storage.restrict_dir(data_dir)? {
+        tracing::warn!(
+            path = %data_dir.display(),
+            "data directory had mode {before:o}, allowing other users in; changed it to {:o}",
+            malachi_log::DIR_MODE
+        );
+    }
+    Ok(())
 }
 
 fn data_dir_error(path: &Path, source: io::Error) -> BootError {
     BootError::DataDir { path: path.display().to_string(), source }
 }
+
+#[cfg(test)]
+mod tests;

@@ -166,7 +166,16 @@ impl GroupStore {
         match existing {
             Ok(file) => crate::backend::distrust_page_cache(file.as_ref())
                 .map_err(|error| StoreError::Open(format!("{}: {error}", path.display())))?,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            // Created here, empty, so that it gets the storage's private mode: redb would create
+            // it with the umask's, and the store holds every user's password hash.
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                malachi_log::Storage::open(
+                    &malachi_log::RealStorage,
+                    path,
+                    malachi_log::OpenMode::CreateNew,
+                )
+                .map_err(|error| StoreError::Open(format!("{}: {error}", path.display())))?;
+            }
             Err(error) => return Err(StoreError::Open(format!("{}: {error}", path.display()))),
         }
         let database = Database::create(path)

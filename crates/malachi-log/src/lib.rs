@@ -26,6 +26,6 @@ pub use segment::{
     is_unborn, segment_paths, verify_segment,
 };
 pub use storage::{
-    FilesystemSync, OpenMode, RealStorage, SimFaults, SimStorage, Storage, StorageFile,
-    create_dir_durable,
+    DIR_MODE, FILE_MODE, FilesystemSync, OpenMode, RealStorage, SimFaults, SimStorage, Storage,
+    StorageFile, create_dir_durable,
 };

@@ -51,11 +51,18 @@ pub enum OpenMode {
     Truncate,
 }
 
+/// Mode of every directory a [`Storage`] creates: the broker's user only. The data directory
+/// holds password hashes (the Raft store), the cursor secret and every record.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of every file a [`Storage`] creates, for the same reason.
+pub const FILE_MODE: u32 = 0o600;
+
 /// A directory tree of files.
 pub trait Storage: Send + Sync + fmt::Debug {
-    /// Creates `dir` and its missing ancestors. Not durable by itself: see
-    /// [`create_dir_durable`].
+    /// Creates `dir` and its missing ancestors, each with [`DIR_MODE`]. Not durable by itself:
+    /// see [`create_dir_durable`].
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Opens `path`; a file it creates gets [`FILE_MODE`].
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>>;
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Renames a file, replacing `to` if it exists; durable once the directory is synced.
@@ -70,6 +77,9 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// (`syncfs`), for group commit over many files. Open it before the writes it must cover:
     /// it reports every write-back error that happens after it was opened, once.
     fn filesystem_sync(&self, dir: &Path) -> io::Result<Box<dyn FilesystemSync>>;
+    /// Gives `dir` [`DIR_MODE`] if it allows more (a directory made by an older version, or
+    /// by hand under a loose umask), and returns the mode it had; `None` if it was private.
+    fn restrict_dir(&self, dir: &Path) -> io::Result<Option<u32>>;
 }
 
 /// One barrier for every file of a filesystem (see [`Storage::filesystem_sync`]).

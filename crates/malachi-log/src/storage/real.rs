@@ -3,10 +3,10 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{FilesystemSync, OpenMode, Storage, StorageFile};
+use super::{DIR_MODE, FILE_MODE, FilesystemSync, OpenMode, Storage, StorageFile};
 
 /// Files on the local filesystem.
 #[derive(Clone, Copy, Debug, Default)]
@@ -22,12 +22,13 @@ const IOVECS_PER_CALL_MAX: usize = 1024;
 
 impl Storage for RealStorage {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
-        fs::create_dir_all(dir)
+        fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)
     }
 
     fn open(&self, path: &Path, mode: OpenMode) -> io::Result<Box<dyn StorageFile>> {
         let mut options = OpenOptions::new();
-        options.read(true).write(true);
+        // The mode only applies to a file this call creates.
+        options.read(true).write(true).mode(FILE_MODE);
         match mode {
             OpenMode::Existing => {}
             OpenMode::CreateNew => {
@@ -70,6 +71,15 @@ impl Storage for RealStorage {
 
     fn filesystem_sync(&self, dir: &Path) -> io::Result<Box<dyn FilesystemSync>> {
         Ok(Box::new(RealFilesystemSync { dir: File::open(dir)? }))
+    }
+
+    fn restrict_dir(&self, dir: &Path) -> io::Result<Option<u32>> {
+        let mode = fs::metadata(dir)?.permissions().mode() & 0o7777;
+        if mode & !DIR_MODE == 0 {
+            return Ok(None);
+        }
+        fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE))?;
+        Ok(Some(mode))
     }
 }
 
@@ -198,6 +208,43 @@ mod tests {
             consume(&mut bufs, *written);
             assert_eq!(bufs, expected.to_vec(), "written {written}");
         }
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    /// Whatever the umask lets through, what the broker creates is its user's alone.
+    #[test]
+    fn created_directories_and_files_are_private() {
+        // SAFETY: umask only swaps the process's creation mask; nextest runs each test in a
+        // process of its own, and the common default is set, not a looser one.
+        unsafe { libc::umask(0o022) };
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a/b/c");
+        RealStorage.create_dir_all(&nested).unwrap();
+        for level in ["a", "a/b", "a/b/c"] {
+            assert_eq!(mode(&dir.path().join(level)), DIR_MODE, "{level}");
+        }
+        let cases = [("new", OpenMode::CreateNew), ("truncated", OpenMode::Truncate)];
+        for (name, open_mode) in cases {
+            let path = nested.join(name);
+            RealStorage.open(&path, open_mode).unwrap();
+            assert_eq!(mode(&path), FILE_MODE, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_loose_directory_is_restricted_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [(0o755, Some(0o755)), (0o770, Some(0o770)), (0o700, None), (0o500, None)];
+        for (before, reported) in cases {
+            fs::set_permissions(dir.path(), fs::Permissions::from_mode(before)).unwrap();
+            assert_eq!(RealStorage.restrict_dir(dir.path()).unwrap(), reported, "{before:o}");
+            let expected = if reported.is_some() { DIR_MODE } else { before };
+            assert_eq!(mode(dir.path()), expected, "{before:o}");
+        }
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
     }
 
     #[test]

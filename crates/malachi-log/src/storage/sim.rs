@@ -426,6 +426,12 @@ impl Storage for SimStorage {
         Ok(Box::new(SimFilesystemSync { state: Arc::clone(&self.state) }))
     }
 
+    /// The simulated disk has no owners or modes: nothing to restrict, and no fault tick, so a
+    /// seed's faults land where they always did.
+    fn restrict_dir(&self, _dir: &Path) -> io::Result<Option<u32>> {
+        Ok(None)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         let mut state = self.lock();
         state.tick()?;

@@ -1,0 +1,60 @@
+//! Boot: the data directory's modes.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use malachi_log::{DIR_MODE, FILE_MODE, Record};
+
+use crate::produce::Spread;
+use crate::testing;
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// Every directory and file below `dir`.
+fn walk(dir: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut dirs, mut files) = (vec![dir.to_path_buf()], Vec::new());
+    let mut at = 0;
+    while at < dirs.len() {
+        for entry in std::fs::read_dir(&dirs[at]).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() { dirs.push(path) } else { files.push(path) }
+        }
+        at += 1;
+    }
+    (dirs, files)
+}
+
+/// A data directory made loose by hand is made private at boot, and everything the broker
+/// creates in it (the Raft store with the password hashes, the cursor secret, the admin
+/// credentials, the journal, range directories, segments and their indexes) is private too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_directory_and_everything_in_it_is_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    std::fs::create_dir(&data_dir).unwrap();
+    std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let broker = testing::open(testing::config(&data_dir, &[])).await;
+    broker.create_topic("orders", Some(2), None).await.unwrap();
+    let records = (0..10).map(|at| Record::keyed(format!("k{at}"), Bytes::from("v"), 1));
+    broker.produce("orders", records.collect(), &mut Spread::default()).await.unwrap();
+    broker.shutdown().await;
+    drop(broker);
+
+    let (dirs, files) = walk(&data_dir);
+    assert!(dirs.len() >= 3, "the data directory, topics and ranges: {dirs:?}");
+    for path in &dirs {
+        assert_eq!(mode(path), DIR_MODE, "{}", path.display());
+    }
+    let names: Vec<String> =
+        files.iter().map(|path| path.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    for expected in ["raft.redb", "cursor.secret", "admin.credentials", "journal"] {
+        assert!(names.iter().any(|name| name == expected), "{expected} in {names:?}");
+    }
+    assert!(names.iter().any(|name| name.ends_with(".seg")), "segments in {names:?}");
+    for path in &files {
+        assert_eq!(mode(path), FILE_MODE, "{}", path.display());
+    }
+}
