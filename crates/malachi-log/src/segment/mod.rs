@@ -242,7 +242,7 @@ impl Segment {
         if header.segment_id != segment_id {
             return Err(OpenError::WrongSegment { expected: segment_id, found: header.segment_id });
         }
-        let recovered = match sealed_trailer(file.as_ref(), file_len)? {
+        let recovered = match sealed_trailer(file.as_ref(), file_len, header)? {
             Some(trailer) => {
                 open_sealed(&*storage, file.as_ref(), &index_path, header, trailer, &config)?
             }
@@ -308,7 +308,8 @@ impl Segment {
             return Err(OpenError::WrongSegment { expected: segment_id, found: header.segment_id });
         }
         let core = if clean.sealed {
-            let trailer = sealed_trailer(file.as_ref(), file_len)?.ok_or(OpenError::Changed)?;
+            let trailer =
+                sealed_trailer(file.as_ref(), file_len, header)?.ok_or(OpenError::Changed)?;
             open_sealed(&*storage, file.as_ref(), &index_path, header, trailer, &config)?.0
         } else {
             if file_len != clean.durable_bytes {
@@ -709,8 +710,14 @@ pub fn verify_segment(
     })
 }
 
-/// The seal trailer at the very end of the file, if there is a valid one.
-fn sealed_trailer(file: &dyn StorageFile, file_len: u64) -> io::Result<Option<SealTrailer>> {
+/// The seal trailer at the very end of the file, if there is a valid one: it must say where it
+/// stands, and count no fewer records than the header's base offset (a trailer counting fewer
+/// cannot be this file's, and trusting it would make the record count negative).
+fn sealed_trailer(
+    file: &dyn StorageFile,
+    file_len: u64,
+    header: SegmentHeader,
+) -> io::Result<Option<SealTrailer>> {
     if file_len < SEGMENT_HEADER_BYTES + SEAL_TRAILER_BYTES {
         return Ok(None);
     }
@@ -721,7 +728,11 @@ fn sealed_trailer(file: &dyn StorageFile, file_len: u64) -> io::Result<Option<Se
     }
     Ok(match check_frame(&bytes) {
         Ok(frame) => match frame.kind {
-            FrameKind::Seal(trailer) if trailer.data_bytes == position => Some(trailer),
+            FrameKind::Seal(trailer)
+                if trailer.data_bytes == position && trailer.record_count >= header.base_offset =>
+            {
+                Some(trailer)
+            }
             _ => None,
         },
         Err(_) => None,
