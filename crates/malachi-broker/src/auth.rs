@@ -87,11 +87,41 @@ pub fn new_token(entropy: &dyn Entropy) -> String {
     URL_SAFE_NO_PAD.encode(bytes)
 }
 
-/// A random password for the bootstrap admin: 24 URL-safe characters.
-pub fn new_password(entropy: &dyn Entropy) -> String {
-    let mut bytes = [0u8; 18];
+/// Characters of a generated admin password when the minimum asks for fewer: 144 random bits.
+pub const GENERATED_PASSWORD_CHARS: u32 = 24;
+
+/// A random password for the bootstrap admin: URL-safe characters, [`GENERATED_PASSWORD_CHARS`]
+/// of them or `min_chars` if that is more, so it always passes [`check_password_length`].
+pub fn new_password(entropy: &dyn Entropy, min_chars: u32) -> String {
+    let chars = min_chars.max(GENERATED_PASSWORD_CHARS) as usize;
+    // Base64 carries 6 bits per character: enough bytes for `chars` characters, then cut.
+    let mut bytes = vec![0u8; chars.div_ceil(4) * 3];
     entropy.fill(&mut bytes);
-    URL_SAFE_NO_PAD.encode(bytes)
+    let mut password = URL_SAFE_NO_PAD.encode(bytes);
+    password.truncate(chars);
+    password
+}
+
+/// A new password shorter than `MALACHI_MIN_PASSWORD_LEN`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("a password needs at least {min_chars} characters (MALACHI_MIN_PASSWORD_LEN)")]
+pub struct PasswordTooShort {
+    pub min_chars: u32,
+}
+
+impl PasswordTooShort {
+    /// The wire reason. Section 3.4 names none for a password refused by policy; ours is
+    /// documented in docs/protocol.md.
+    pub fn reason(&self) -> &'static str {
+        "invalid_password"
+    }
+}
+
+/// Checks a new password against the minimum length. Length is counted in characters (Unicode
+/// scalar values), not bytes, so a password of accented letters is not judged twice as long.
+pub fn check_password_length(password: &str, min_chars: u32) -> Result<(), PasswordTooShort> {
+    let long_enough = password.chars().count() >= min_chars as usize;
+    if long_enough { Ok(()) } else { Err(PasswordTooShort { min_chars }) }
 }
 
 /// A user named in `MALACHI_DEFAULT_USERS`.
@@ -364,6 +394,41 @@ mod tests {
         assert!(
             token.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
         );
+    }
+
+    #[test]
+    fn new_passwords_meet_the_minimum_length() {
+        let cases = [
+            ("", 12, false),
+            ("abcdefghijk", 12, false),
+            ("abcdefghijkl", 12, true),
+            ("a longer pass phrase", 12, true),
+            // Characters, not bytes: six two-byte letters are six characters.
+            ("éééééé", 12, false),
+            ("éééééééééééé", 12, true),
+            ("", 0, true),
+            ("x", 1, true),
+        ];
+        for (password, min_chars, accepted) in cases {
+            let checked = check_password_length(password, min_chars);
+            assert_eq!(checked.is_ok(), accepted, "{password:?} against {min_chars}");
+            if let Err(error) = checked {
+                assert_eq!(error.reason(), "invalid_password");
+            }
+        }
+    }
+
+    #[test]
+    fn generated_passwords_pass_the_minimum() {
+        for min_chars in [0, 12, 24, 25, 40, 101] {
+            let password = new_password(&OsEntropy, min_chars);
+            let expected = min_chars.max(GENERATED_PASSWORD_CHARS) as usize;
+            assert_eq!(password.len(), expected, "minimum {min_chars}");
+            assert!(check_password_length(&password, min_chars).is_ok());
+            assert!(
+                password.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"-_".contains(&byte))
+            );
+        }
     }
 
     #[test]

@@ -8,6 +8,11 @@ use std::str::FromStr;
 
 use crate::load::LoadConfig;
 
+mod security;
+pub use security::{
+    MtlsConfig, MtlsPolicy, OIDC_ALGORITHMS, OidcConfig, SecurityConfig, TlsConfig, TlsVerify,
+};
+
 /// Every setting the broker reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BrokerConfig {
@@ -62,6 +67,8 @@ pub struct BrokerConfig {
     pub node_id: Option<u64>,
     /// This broker's placement attributes (`MALACHI_LOG_ATTRIBUTES`, `rack=a,zone=eu-1`).
     pub attributes: BTreeMap<String, String>,
+    /// TLS, certificate and token logins, per-user quotas.
+    pub security: SecurityConfig,
 }
 
 /// The floor the original puts under the segment age threshold.
@@ -179,6 +186,7 @@ impl BrokerConfig {
             max_topics_per_user: sources.number("MAX_TOPICS_PER_USER", 100)?,
             node_id: sources.optional("NODE_ID", "a node id of 1 or more")?,
             attributes: attributes(sources)?,
+            security: security::load(sources)?,
         };
         config.validate()?;
         Ok(config)
@@ -212,8 +220,10 @@ impl BrokerConfig {
             ),
             (
                 "MALACHI_ADMIN_PASS",
-                self.admin_pass.as_ref().is_none_or(|pass| pass.chars().count() >= 12),
-                "must be at least 12 characters".into(),
+                self.admin_pass.as_ref().is_none_or(|pass| {
+                    crate::auth::check_password_length(pass, self.min_password_len).is_ok()
+                }),
+                format!("must be at least {} characters", self.min_password_len),
             ),
             (
                 "MALACHI_GROUP_COMMIT_FLUSH_MAX_RECORDS",
@@ -278,10 +288,10 @@ fn load_config(sources: &Sources<'_>) -> Result<LoadConfig, ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn load(
+    pub(crate) fn load(
         flags: &[(&str, &str)],
         env: &[(&str, &str)],
         file: &[(&str, &str)],
@@ -322,6 +332,28 @@ mod tests {
         );
         assert_eq!(port(&[], &[("MALACHI_TCP_PORT", "2")], &[("tcp_port", "3")]), 2);
         assert_eq!(port(&[], &[], &[("tcp_port", "3")]), 3);
+    }
+
+    /// `MALACHI_ADMIN_PASS` is held to `MALACHI_MIN_PASSWORD_LEN`, not to a fixed 12.
+    #[test]
+    fn the_admin_password_is_held_to_the_configured_minimum() {
+        let cases = [
+            ("ten-chars!", "12", false),
+            ("ten-chars!", "10", true),
+            ("twelve-chars", "12", true),
+            ("twelve-chars", "16", false),
+        ];
+        for (password, min_chars, accepted) in cases {
+            let env = [("MALACHI_ADMIN_PASS", password), ("MALACHI_MIN_PASSWORD_LEN", min_chars)];
+            match load(&[], &env, &[]) {
+                Ok(_) => assert!(accepted, "{password} against {min_chars} was accepted"),
+                Err(error) => {
+                    assert!(!accepted, "{password} against {min_chars}: {error}");
+                    let expected = format!("MALACHI_ADMIN_PASS: must be at least {min_chars}");
+                    assert!(error.to_string().starts_with(&expected), "{error}");
+                }
+            }
+        }
     }
 
     #[test]

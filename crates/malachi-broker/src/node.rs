@@ -137,6 +137,12 @@ pub enum BootError {
     Store(#[from] malachi_consensus::StoreError),
     #[error("{0}")]
     Users(String),
+    /// A `MALACHI_DEFAULT_USERS` password is shorter than `MALACHI_MIN_PASSWORD_LEN`.
+    #[error(
+        "MALACHI_DEFAULT_USERS: the password of user {username:?} has fewer than {min_chars} \
+         characters (MALACHI_MIN_PASSWORD_LEN)"
+    )]
+    ShortSeedPassword { username: String, min_chars: u32 },
 }
 
 impl Broker {
@@ -205,13 +211,14 @@ impl Broker {
     /// and stored 0600 for the local CLI). Every boot: `MALACHI_DEFAULT_USERS` that do not exist.
     async fn bootstrap_users(&self) -> Result<BootReport, BootError> {
         let mut report = BootReport::default();
+        let seed_users = self.seed_users()?;
         self.apply_lockout_policy().await?;
         let has_admin = self.admin.read(|admin| admin.0.user("admin").is_some());
         if !has_admin {
             let password = match &self.config.admin_pass {
                 Some(password) => password.clone(),
                 None => {
-                    let password = auth::new_password(&*self.entropy);
+                    let password = auth::new_password(&*self.entropy, self.config.min_password_len);
                     report.generated_admin_password = Some(password.clone());
                     password
                 }
@@ -222,23 +229,40 @@ impl Broker {
                     .map_err(|source| data_dir_error(&self.config.data_dir, source))?;
             }
         }
-        if let Some(spec) =
-            self.config.default_users.clone().filter(|_| !self.config.disable_default_users)
-        {
-            for user in auth::parse_seed_users(&spec).map_err(BootError::Users)? {
-                if self.admin.read(|admin| admin.0.user(&user.username).is_none()) {
-                    self.create_user_hashed(
-                        &user.username,
-                        &user.password,
-                        user.permissions,
-                        user.role,
-                    )
-                    .await?;
-                    report.seeded_users.push(user.username);
-                }
+        for user in seed_users {
+            if self.admin.read(|admin| admin.0.user(&user.username).is_none()) {
+                self.create_user_hashed(
+                    &user.username,
+                    &user.password,
+                    user.permissions,
+                    user.role,
+                )
+                .await?;
+                report.seeded_users.push(user.username);
             }
         }
         Ok(report)
+    }
+
+    /// The accounts `MALACHI_DEFAULT_USERS` asks for, after checking every password against
+    /// `MALACHI_MIN_PASSWORD_LEN` (the configuration checks `MALACHI_ADMIN_PASS` as it loads).
+    /// One short password stops the boot, naming its user, before anything is created: a
+    /// broker that started without an account its operator configured would fail later, at
+    /// some client's login, far from the cause.
+    fn seed_users(&self) -> Result<Vec<auth::SeedUser>, BootError> {
+        let Some(spec) =
+            self.config.default_users.as_deref().filter(|_| !self.config.disable_default_users)
+        else {
+            return Ok(Vec::new());
+        };
+        let users = auth::parse_seed_users(spec).map_err(BootError::Users)?;
+        let min_chars = self.config.min_password_len;
+        for user in &users {
+            auth::check_password_length(&user.password, min_chars).map_err(|_| {
+                BootError::ShortSeedPassword { username: user.username.clone(), min_chars }
+            })?;
+        }
+        Ok(users)
     }
 
     /// Makes the replicated lockout rule match `MALACHI_MAX_AUTH_ATTEMPTS`,
@@ -266,7 +290,10 @@ impl Broker {
         permissions: Vec<String>,
         role: Option<String>,
     ) -> Result<(), BootError> {
-        let password_hash = self.hash_password(password.to_string()).await;
+        let password_hash = self
+            .hash_new_password(password.to_string())
+            .await
+            .map_err(|error| BootError::Users(format!("user {username}: {error}")))?;
         let command = AdminCommand::CreateUser {
             username: username.into(),
             password_hash,
@@ -279,9 +306,20 @@ impl Broker {
         }
     }
 
+    /// Hashes a new password after checking it against `MALACHI_MIN_PASSWORD_LEN`: the only way
+    /// a new password reaches the admin machine (create_user, change_password, seeded users),
+    /// so none escapes the rule. The check comes first: a refused password costs no Argon2 work.
+    pub async fn hash_new_password(
+        &self,
+        password: String,
+    ) -> Result<String, auth::PasswordTooShort> {
+        auth::check_password_length(&password, self.config.min_password_len)?;
+        Ok(self.hash_password(password).await)
+    }
+
     /// Argon2id costs tens of milliseconds of CPU: it runs where blocking work runs, never on
     /// an async worker (inline only under the simulator).
-    pub async fn hash_password(&self, password: String) -> String {
+    async fn hash_password(&self, password: String) -> String {
         let entropy = Arc::clone(&self.entropy);
         let cost = self.password_cost;
         self.data.run(move || auth::hash_password_with(&password, &*entropy, cost)).await

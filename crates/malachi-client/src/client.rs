@@ -21,15 +21,18 @@ use tokio::net::TcpStream;
 use crate::connection::{Connection, StreamReader, StreamWriter};
 use crate::error::ClientError;
 use crate::subscription::Subscription;
+use crate::tls::TlsOptions;
 
 /// Where to connect and how long to wait.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// `host:port`, resolved at connect time.
     pub address: String,
-    /// Sent as the first frame (key 0). `None` sends no auth: the server will then refuse the
-    /// first request with `auth_required` and close.
+    /// Sent as the first frame (key 0, 12 or 13). `None` sends no auth: the server will then
+    /// refuse the first request with `auth_required` and close.
     pub credentials: Option<Credentials>,
+    /// Speak TLS (`None`: plain TCP).
+    pub tls: Option<TlsOptions>,
     /// Bounds the TCP connect and the auth exchange together.
     pub connect_timeout: Duration,
     /// Bounds each request from queueing to answer; a fetch adds its `wait_ms`.
@@ -38,11 +41,16 @@ pub struct ClientConfig {
     pub max_frame_bytes: u32,
 }
 
-/// A username and password for key 0.
+/// How the client logs in.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
+pub enum Credentials {
+    /// Key 0: a username and password.
+    Password { username: String, password: String },
+    /// Key 12: the broker takes the user from the client certificate presented over TLS
+    /// ([`TlsOptions::client_certificate`]).
+    Certificate,
+    /// Key 13: a JWT the broker checks against its issuer's public key.
+    Token(String),
 }
 
 /// Options of a fetch (key 3). Zero `max` lets the server choose (100); zero `wait_ms` answers
@@ -113,6 +121,7 @@ impl ClientConfig {
         ClientConfig {
             address: address.into(),
             credentials: None,
+            tls: None,
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             max_frame_bytes: FRAME_BYTES_MAX_DEFAULT,
@@ -121,7 +130,25 @@ impl ClientConfig {
 
     pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
         self.credentials =
-            Some(Credentials { username: username.into(), password: password.into() });
+            Some(Credentials::Password { username: username.into(), password: password.into() });
+        self
+    }
+
+    /// Logs in with the client certificate (key 12); needs [`ClientConfig::tls`] with one.
+    pub fn certificate_login(mut self) -> Self {
+        self.credentials = Some(Credentials::Certificate);
+        self
+    }
+
+    /// Logs in with a JWT (key 13).
+    pub fn token_login(mut self, jwt: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials::Token(jwt.into()));
+        self
+    }
+
+    /// Speaks TLS with these options.
+    pub fn tls(mut self, options: TlsOptions) -> Self {
+        self.tls = Some(options);
         self
     }
 
@@ -138,11 +165,15 @@ impl ClientConfig {
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter
-            .debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
+        match self {
+            Credentials::Password { username, .. } => formatter
+                .debug_struct("Password")
+                .field("username", username)
+                .field("password", &"<redacted>")
+                .finish(),
+            Credentials::Certificate => formatter.write_str("Certificate"),
+            Credentials::Token(_) => formatter.write_str("Token(<redacted>)"),
+        }
     }
 }
 
@@ -157,6 +188,11 @@ impl Client {
     }
 
     async fn connect_unbounded(config: ClientConfig) -> Result<Client, ClientError> {
+        if let Some(tls) = &config.tls {
+            let stream = tls.connect(&config.address).await?;
+            let (read, write) = tokio::io::split(stream);
+            return Client::handshake(config, Box::new(read), Box::new(write)).await;
+        }
         let stream = TcpStream::connect(&config.address).await?;
         stream.set_nodelay(true)?;
         let (read, write) = stream.into_split();
@@ -183,14 +219,23 @@ impl Client {
     ) -> Result<Client, ClientError> {
         let connection = Connection::start(read, write, config.max_frame_bytes);
         let mut client = Client { connection, config, token: None };
-        if let Some(credentials) = client.config.credentials.clone() {
-            let request = AuthRequest {
-                username: Some(text(&credentials.username)),
-                password: Some(text(&credentials.password)),
+        if let Some(credentials) = &client.config.credentials {
+            let request = match credentials {
+                Credentials::Password { username, password } => Request::Auth(AuthRequest {
+                    username: Some(text(username)),
+                    password: Some(text(password)),
+                }),
+                Credentials::Certificate => Request::MtlsAuth(Empty),
+                Credentials::Token(jwt) => {
+                    Request::TokenAuth(TokenAuthRequest { jwt: Some(text(jwt)) })
+                }
             };
             let timeout = client.config.connect_timeout;
-            let answer = client.connection.call(Request::Auth(request), timeout).await?;
-            let Response::Auth(TokenResponse { token }) = answer else {
+            let answer = client.connection.call(request, timeout).await?;
+            let (Response::Auth(TokenResponse { token })
+            | Response::MtlsAuth(TokenResponse { token })
+            | Response::TokenAuth(TokenResponse { token })) = answer
+            else {
                 return Err(unexpected(answer));
             };
             client.token = token.map(|token| String::from_utf8_lossy(&token).into_owned());

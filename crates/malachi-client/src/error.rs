@@ -27,6 +27,10 @@ pub enum ClientError {
     /// The connection closed before the answer came.
     #[error("the connection closed")]
     Closed,
+    /// TLS could not be set up: a CA, certificate or key file that does not load, or a
+    /// server name that is not one.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl ClientError {
@@ -61,7 +65,7 @@ impl ClientError {
         match self {
             ClientError::Server { retryable, .. } => *retryable,
             ClientError::Transport(_) | ClientError::Timeout | ClientError::Closed => true,
-            ClientError::Protocol(_) => false,
+            ClientError::Protocol(_) | ClientError::Tls(_) => false,
         }
     }
 }

@@ -30,6 +30,7 @@ mod connection;
 mod consumer;
 mod error;
 mod subscription;
+mod tls;
 
 #[cfg(test)]
 mod fake_server;
@@ -42,6 +43,7 @@ pub use connection::{StreamReader, StreamWriter};
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::ClientError;
 pub use subscription::Subscription;
+pub use tls::TlsOptions;
 
 /// The wire types the client's methods take and return.
 pub use malachi_wire::messages::{

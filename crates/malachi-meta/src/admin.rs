@@ -3,10 +3,11 @@
 //! lockouts keyed by (username, client address). Does no I/O: password hashing happens before
 //! a command is proposed, and time arrives inside commands as `now_ms`.
 //!
-//! Users and grants live in `admin/users.rs` and `admin/acl.rs` (with the P(op, topic)
-//! authorization rule of wire-protocol.md section 3.0); lockout bookkeeping in
-//! `admin/lockout.rs`. Like [`crate::MetaState`], every handler validates before it changes
-//! anything, so a refused command leaves the state and its hash unchanged.
+//! Users (and the names the broker's configuration seeded, once each) and grants live in
+//! `admin/users.rs` and `admin/acl.rs` (with the P(op, topic) authorization rule of
+//! wire-protocol.md section 3.0); lockout bookkeeping in `admin/lockout.rs`. Like
+//! [`crate::MetaState`], every handler validates before it changes anything, so a refused
+//! command leaves the state and its hash unchanged.
 
 mod acl;
 mod lockout;
@@ -137,6 +138,12 @@ pub enum AdminCommand {
     SetLockoutPolicy {
         policy: LockoutPolicy,
     },
+    /// Records that the broker's configuration seeded `username` (the bootstrap admin, an
+    /// account of `MALACHI_DEFAULT_USERS`), whether or not the account still exists.
+    /// Idempotent.
+    RecordSeeded {
+        username: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,6 +175,9 @@ pub enum AdminResponse {
         removed: u64,
     },
     LockoutPolicySet,
+    SeededRecorded {
+        added: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,6 +193,11 @@ pub struct AdminState {
     lockouts: BTreeMap<String, BTreeMap<String, LockoutEntry>>,
     /// Entries in `lockouts`, kept so the bound is checked without a scan.
     lockout_entries: u64,
+    /// Names the broker's configuration seeded, kept after the account is deleted: a name is
+    /// seeded once in the cluster's life, so an account an administrator deleted stays deleted
+    /// across restarts. Absent from snapshots taken before it existed.
+    #[serde(default)]
+    seeded: BTreeSet<String>,
 }
 
 impl Default for AdminState {
@@ -202,6 +217,7 @@ impl AdminState {
             acls: BTreeMap::new(),
             lockouts: BTreeMap::new(),
             lockout_entries: 0,
+            seeded: BTreeSet::new(),
         }
     }
 
@@ -233,6 +249,7 @@ impl AdminState {
                 self.lockout_policy = policy;
                 Ok(AdminResponse::LockoutPolicySet)
             }
+            AdminCommand::RecordSeeded { username } => self.record_seeded(username),
         };
         if result.is_ok() {
             self.version += 1;

@@ -23,7 +23,8 @@ use tokio_util::codec::FramedRead;
 
 use crate::ServerShared;
 use crate::auth;
-use crate::limits::AUTH_FRAME_BYTES_MAX;
+use crate::limits::{AUTH_FRAME_BYTES_MAX, ConnectionSlot};
+use crate::tls::{Accepted, Transport};
 
 /// An authenticated session, fixed at auth time for the connection's life.
 #[derive(Clone, Debug)]
@@ -60,19 +61,56 @@ pub(crate) struct Connection {
     pub spread: Spread,
 }
 
-/// Runs a connection to its end.
+/// Runs a connection accepted on the client port to its end: a slot first (so strangers
+/// stalling a TLS handshake count as not logged in), then TLS if the port speaks it.
 pub(crate) async fn serve(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     broker: Arc<Broker>,
     shared: Arc<ServerShared>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (read_half, write_half) = stream.into_split();
-    serve_halves(Box::new(read_half), Box::new(write_half), peer, broker, shared).await;
+    let slot = match shared.limits.admit(peer.ip()) {
+        Ok(slot) => slot,
+        Err(reason) => return refuse(&mut stream, reason, &shared).await,
+    };
+    let (read_half, write_half, transport): (ConnectionReader, ConnectionWriter, Transport) =
+        match &shared.tls {
+            None => {
+                let (read_half, write_half) = stream.into_split();
+                (Box::new(read_half), Box::new(write_half), Transport::Plain)
+            }
+            Some(tls) => {
+                let wait = Duration::from_millis(broker.config().auth_timeout_ms);
+                match tls.accept(stream, wait).await {
+                    Ok(Accepted::Tls(stream, transport)) => {
+                        let (read_half, write_half) = tokio::io::split(*stream);
+                        (Box::new(read_half), Box::new(write_half), transport)
+                    }
+                    Ok(Accepted::Plain(mut stream)) if tls.required() => {
+                        return refuse(&mut stream, Reason::TlsRequired, &shared).await;
+                    }
+                    Ok(Accepted::Plain(stream)) => {
+                        let (read_half, write_half) = stream.into_split();
+                        (Box::new(read_half), Box::new(write_half), Transport::Plain)
+                    }
+                    Err(error) => {
+                        tracing::debug!(%peer, %error, "TLS handshake failed");
+                        return;
+                    }
+                }
+            }
+        };
+    serve_admitted(read_half, write_half, peer, transport, slot, broker, shared).await;
 }
 
-/// Runs a connection given as its two directions (see [`ConnectionReader`]).
+/// Answers a connection that will not be served with `reason` on corr 0, and closes it.
+async fn refuse<W: AsyncWrite + Unpin + ?Sized>(writer: &mut W, reason: Reason, shared: &ServerShared) {
+    let _ = write_frame(writer, &ResponseFrame::error(0, reason), shared).await;
+    let _ = writer.shutdown().await;
+}
+
+/// Runs a connection given as its two directions (see [`ConnectionReader`]), plain.
 pub async fn serve_halves(
     read_half: ConnectionReader,
     mut write_half: ConnectionWriter,
@@ -80,20 +118,27 @@ pub async fn serve_halves(
     broker: Arc<Broker>,
     shared: Arc<ServerShared>,
 ) {
-    let slot = shared.limits.admit(peer.ip());
-    let mut slot = match slot {
+    let slot = match shared.limits.admit(peer.ip()) {
         Ok(slot) => slot,
-        Err(reason) => {
-            let _ = write_frame(&mut write_half, &ResponseFrame::error(0, reason), &shared).await;
-            let _ = write_half.shutdown().await;
-            return;
-        }
+        Err(reason) => return refuse(&mut write_half, reason, &shared).await,
     };
+    serve_admitted(read_half, write_half, peer, Transport::Plain, slot, broker, shared).await;
+}
+
+async fn serve_admitted(
+    read_half: ConnectionReader,
+    mut write_half: ConnectionWriter,
+    peer: SocketAddr,
+    transport: Transport,
+    mut slot: ConnectionSlot,
+    broker: Arc<Broker>,
+    shared: Arc<ServerShared>,
+) {
     let max_frame = broker.config().max_frame_bytes;
     let auth_max_frame = AUTH_FRAME_BYTES_MAX.min(max_frame);
     let mut frames = FramedRead::new(read_half, FrameCodec::new(auth_max_frame));
     let Some(session) =
-        auth::authenticate(&mut frames, &mut write_half, peer, &broker, &shared).await
+        auth::authenticate(&mut frames, &mut write_half, peer, &transport, &broker, &shared).await
     else {
         let _ = write_half.shutdown().await;
         return;
@@ -215,8 +260,8 @@ impl Connection {
 }
 
 /// Encodes and writes one frame within the send timeout.
-pub(crate) async fn write_frame(
-    writer: &mut ConnectionWriter,
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin + ?Sized>(
+    writer: &mut W,
     frame: &ResponseFrame,
     shared: &ServerShared,
 ) -> std::io::Result<()> {

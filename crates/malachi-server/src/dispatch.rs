@@ -204,7 +204,7 @@ async fn create_user(
     else {
         return Err(AdminError::InvalidPermissions.reason());
     };
-    let password_hash = connection.broker.hash_password(password).await;
+    let password_hash = new_password_hash(connection, password).await?;
     let command = AdminCommand::CreateUser { username, password_hash, permissions, role: None };
     admin_command(connection, command).await.map(|()| Response::CreateUser(Empty))
 }
@@ -217,10 +217,16 @@ async fn change_password(
     else {
         return Err(Reason::MalformedRequest.as_str().into());
     };
-    let password_hash = connection.broker.hash_password(password).await;
+    let password_hash = new_password_hash(connection, password).await?;
     admin_command(connection, AdminCommand::ChangePassword { username, password_hash })
         .await
         .map(|()| Response::ChangePassword(Empty))
+}
+
+/// The hash of a new password, or `invalid_password` if it is shorter than
+/// `MALACHI_MIN_PASSWORD_LEN` (checked before any Argon2 work).
+async fn new_password_hash(connection: &Connection, password: String) -> Result<String, String> {
+    connection.broker.hash_new_password(password).await.map_err(|error| error.reason().into())
 }
 
 fn acl_command(request: &AclRequest, grant: bool) -> AdminCommand {

@@ -8,10 +8,12 @@ mod connection;
 mod convert;
 mod dispatch;
 mod extensions;
+pub mod jwt;
 mod limits;
 mod password;
 mod policies;
 mod subscription;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -33,13 +35,20 @@ pub struct ServerShared {
     pub send_timeout: Duration,
     /// Argon2 for logins, off the storage pool, with a bounded queue.
     pub passwords: password::PasswordPool,
+    /// TLS on the client port, if enabled.
+    pub tls: Option<tls::TlsListener>,
+    /// Token login (key 13), if enabled.
+    pub tokens: Option<jwt::TokenVerifier>,
 }
 
 impl ServerShared {
     /// The shared state for the connections of `broker`'s client port, from its configuration.
-    pub fn for_broker(broker: &Broker) -> Arc<ServerShared> {
+    /// Fails only if TLS is on and its files do not load.
+    pub fn for_broker(broker: &Broker) -> Result<Arc<ServerShared>, tls::TlsError> {
         let config = broker.config();
-        Arc::new(ServerShared {
+        let tls = config.security.tls.clone().map(tls::TlsListener::load).transpose()?;
+        let tokens = config.security.oidc.clone().map(jwt::TokenVerifier::new);
+        Ok(Arc::new(ServerShared {
             limits: ConnectionLimits::new(
                 config.connection_limit_enabled,
                 (config.max_conn_per_ip, config.max_total_conn),
@@ -52,7 +61,9 @@ impl ServerShared {
             max_frame_bytes: config.max_frame_bytes,
             send_timeout: Duration::from_millis(config.tcp_send_timeout_ms),
             passwords: password::PasswordPool::new(broker.data_plane().io_mode()),
-        })
+            tls,
+            tokens,
+        }))
     }
 }
 
@@ -67,8 +78,8 @@ impl Server {
     /// Binds the client port of `broker`'s configuration (port 0 picks a free one).
     pub async fn bind(broker: Arc<Broker>) -> std::io::Result<Server> {
         let config = broker.config();
+        let shared = ServerShared::for_broker(&broker).map_err(std::io::Error::other)?;
         let listener = TcpListener::bind((config.bind_address.as_str(), config.tcp_port)).await?;
-        let shared = ServerShared::for_broker(&broker);
         Ok(Server { listener, broker, shared })
     }
 

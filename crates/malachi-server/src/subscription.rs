@@ -2,6 +2,13 @@
 //! they land, pushed on the subscribe's corr while credit lasts; `stream_ack` commits the group
 //! and returns credit. Any other frame is `unexpected_frame`; the subscription ends with the
 //! connection.
+//!
+//! The right to read is not fixed at subscribe time: before every push, and every time the loop
+//! comes round (at least once per poll), the session must still stand and P(consume, topic)
+//! still hold. Once either fails (a revoked grant or permission, a deleted user, a changed
+//! password), the subscription ends with `permission_denied` on its corr and the connection
+//! closes: no record is pushed past the revocation, and an idle subscription notices within
+//! one poll.
 
 use std::sync::Arc;
 
@@ -20,7 +27,8 @@ use crate::dispatch::page_to_wire;
 /// The window clamps of section 3.3.
 pub const WINDOW_DEFAULT: u32 = 100;
 pub const WINDOW_MAX: u32 = 10_000;
-/// A push waits this long for new records before looking again (frames interrupt it at once).
+/// A push waits this long for new records before looking again (frames interrupt it at once);
+/// also the longest an idle subscription takes to notice that it may no longer read.
 const POLL_WAIT_MS: u32 = 5_000;
 
 pub struct Subscription {
@@ -63,7 +71,8 @@ impl Subscription {
     pub(crate) async fn run(self, connection: &mut Connection, frames: &mut Frames) {
         let mut progress = Progress { cursor: None, in_flight: 0 };
         loop {
-            if !connection.session_alive() {
+            if !self.may_read(connection) {
+                self.deny(connection).await;
                 break;
             }
             let credit = self.window.saturating_sub(progress.in_flight);
@@ -86,6 +95,11 @@ impl Subscription {
                     }
                 },
                 page = page, if credit > 0 => {
+                    // Read while allowed; pushed only if still allowed after the wait.
+                    if !self.may_read(connection) {
+                        self.deny(connection).await;
+                        break;
+                    }
                     if self.on_page(connection, page, &mut progress).await.is_err() {
                         break;
                     }
@@ -95,6 +109,16 @@ impl Subscription {
         if let (Some(group), Some(member)) = (&self.group, &self.member) {
             connection.broker.leave_group(&self.topic, group, member);
         }
+    }
+
+    /// The session still stands and may still consume from the topic.
+    fn may_read(&self, connection: &Connection) -> bool {
+        connection.session_alive() && connection.permitted(Operation::Consume, &self.topic)
+    }
+
+    /// Ends the subscription: `permission_denied` on its corr; the connection closes after.
+    async fn deny(&self, connection: &mut Connection) {
+        let _ = connection.send(&ResponseFrame::error(self.corr, Reason::PermissionDenied)).await;
     }
 
     /// What the next fetch starts from: the subscription's own cursor once it has one, the

@@ -302,3 +302,85 @@ async fn deleting_a_user_revokes_its_open_sessions() {
     );
     assert!(consumer.is_closed().await);
 }
+
+fn create_user(username: &str, password: &str) -> Request {
+    Request::CreateUser(malachi_wire::messages::CreateUserRequest {
+        username: text(username),
+        password: text(password),
+        permissions: vec![text("consume")],
+    })
+}
+
+fn change_password(username: &str, password: &str) -> Request {
+    Request::ChangePassword(malachi_wire::messages::ChangePasswordRequest {
+        username: text(username),
+        new_password: text(password),
+    })
+}
+
+/// `MALACHI_MIN_PASSWORD_LEN` (6 in these tests) holds for every new password; a short one is
+/// refused `invalid_password` and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_passwords_must_meet_the_minimum_length() {
+    let server = start(&[]).await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    type Case = (&'static str, Request, Option<&'static str>);
+    let cases: Vec<Case> = vec![
+        ("create short", create_user("bob", "five5"), Some("invalid_password")),
+        ("create at the minimum", create_user("bob", "six666"), None),
+        ("change to short", change_password("bob", "tiny"), Some("invalid_password")),
+        ("change to empty", change_password("bob", ""), Some("invalid_password")),
+        ("change at the minimum", change_password("bob", "seven77"), None),
+    ];
+    for (name, request, refusal) in cases {
+        let answer = admin.call(request).await.unwrap();
+        match refusal {
+            Some(expected) => assert_eq!(reason(&answer), expected, "{name}"),
+            None => assert!(matches!(answer.body, ResponseBody::Ok(_)), "{name}: {answer:?}"),
+        }
+    }
+    let mut refused = WireClient::connect(server.address).await;
+    let answer = refused.call(auth("bob", "tiny")).await.unwrap();
+    assert_eq!(reason(&answer), "invalid_credentials", "the refused change changed nothing");
+    WireClient::login(server.address, "bob", "seven77").await;
+}
+
+fn acl(username: &str, pattern: &str, grant: bool) -> Request {
+    let request =
+        AclRequest { username: text(username), operation: text("consume"), pattern: text(pattern) };
+    if grant { Request::GrantAcl(request) } else { Request::RevokeAcl(request) }
+}
+
+/// Under strict ACLs a subscription lives on its grant: once an admin revokes it, the next push
+/// is refused `permission_denied` on the subscription's corr and the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_the_grant_ends_an_open_subscription() {
+    let server = start(&[("ACL_STRICT", "true")]).await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    admin.call(create("orders")).await.unwrap();
+    let granted = admin.call(acl("consumer", "orders", true)).await.unwrap();
+    assert!(matches!(granted.body, ResponseBody::Ok(_)));
+    let mut consumer = WireClient::login(server.address, "consumer", "consumer123").await;
+    let subscribe = Request::Subscribe(SubscribeRequest {
+        topic: text("orders"),
+        group: None,
+        member: None,
+        window_records: 100,
+        max_records: 10,
+    });
+    let corr = consumer.send(subscribe).await;
+    admin.call(produce("orders", &["before"])).await.unwrap();
+    let push = consumer.recv(Expect::Reply(malachi_wire::ApiKey::Subscribe)).await.unwrap();
+    assert_eq!((push.corr, fetched(&push).0), (corr, 1), "pushed while granted");
+
+    let revoked = admin.call(acl("consumer", "orders", false)).await.unwrap();
+    assert!(matches!(revoked.body, ResponseBody::Ok(_)));
+    admin.call(produce("orders", &["after"])).await.unwrap();
+    let end = consumer.recv(Expect::Reply(malachi_wire::ApiKey::Subscribe)).await.unwrap();
+    assert_eq!(
+        (end.corr, reason(&end).as_str()),
+        (corr, "permission_denied"),
+        "the record produced after the revocation is not pushed"
+    );
+    assert!(consumer.is_closed().await);
+}

@@ -159,7 +159,7 @@ impl SimNode {
             .map_err(|error| format!("the node did not open: {error}"))?;
         let (listener, mut accepted) = tokio::sync::mpsc::unbounded_channel();
         net.listen(self.node_id, listener);
-        let shared = ServerShared::for_broker(&broker);
+        let shared = ServerShared::for_broker(&broker).expect("the simulator runs without TLS");
         let serving = Arc::clone(&broker);
         runtime.spawn(async move {
             while let Some(connection) = accepted.recv().await {

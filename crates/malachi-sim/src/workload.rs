@@ -482,6 +482,7 @@ fn error_name(error: &ClientError) -> String {
         ClientError::Server { reason, .. } => reason.split(':').next().unwrap_or("").to_string(),
         ClientError::Transport(error) => format!("transport {:?}", error.kind()),
         ClientError::Protocol(_) => "protocol".to_string(),
+        ClientError::Tls(_) => "tls".to_string(),
         ClientError::Timeout => "timeout".to_string(),
         ClientError::Closed => "closed".to_string(),
     }

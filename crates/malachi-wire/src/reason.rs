@@ -44,6 +44,8 @@ reasons! {
     MtlsAuthDisabled = "mtls_auth_disabled",
     MtlsAuthUnavailable = "mtls_auth_unavailable",
     NoPeerCertificate = "no_peer_certificate",
+    /// Malachi: the broker requires TLS and the client spoke plain TCP (corr 0, then close).
+    TlsRequired = "tls_required",
     OidcAuthDisabled = "oidc_auth_disabled",
     OidcMisconfigured = "oidc_misconfigured",
     MalformedRequest = "malformed_request",
@@ -110,6 +112,8 @@ reasons! {
     /// Stored records are damaged or missing (a bad frame, a lost segment file): served up to
     /// the damage, refused past it, never silently skipped.
     StorageDamaged = "storage_damaged",
+    /// A new password (create_user, change_password) shorter than `MALACHI_MIN_PASSWORD_LEN`.
+    InvalidPassword = "invalid_password",
     /// A topic create beyond `MALACHI_MAX_TOPICS` or the creator's `MALACHI_MAX_TOPICS_PER_USER`.
     TooManyTopics = "too_many_topics",
     /// One record's key, value and headers exceed the per-record limit.
@@ -300,6 +304,7 @@ mod tests {
             (Reason::RecordTooLarge, false),
             (Reason::NotBuddies, false),
             (Reason::InvalidRangeCount, false),
+            (Reason::InvalidPassword, false),
         ];
         for (reason, retryable) in cases {
             assert_eq!(reason.is_retryable(), *retryable, "{reason}");

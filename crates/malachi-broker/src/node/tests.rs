@@ -1,4 +1,4 @@
-//! Boot: the data directory's modes.
+//! Boot: the data directory's modes, and the accounts a node seeds.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 use malachi_log::{DIR_MODE, FILE_MODE, Record};
 
+use crate::node::{Broker, NodeDeps};
 use crate::produce::Spread;
 use crate::testing;
 
@@ -57,4 +58,53 @@ async fn the_data_directory_and_everything_in_it_is_private() {
     for path in &files {
         assert_eq!(mode(path), FILE_MODE, "{}", path.display());
     }
+}
+
+/// Every seeded password is held to `MALACHI_MIN_PASSWORD_LEN`: a short `MALACHI_DEFAULT_USERS`
+/// one stops the boot, naming the user, before any account is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_seeded_password_stops_the_boot() {
+    type Case<'a> = (&'a [(&'a str, &'a str)], Option<&'a str>);
+    let cases: &[Case] = &[
+        (
+            &[("DEFAULT_USERS", "ops:long-enough-pass:admin;app:app123:produce")],
+            Some("MALACHI_DEFAULT_USERS: the password of user \"app\" has fewer than 12"),
+        ),
+        (
+            &[("DEFAULT_USERS", "app:twelve-chars:produce"), ("MIN_PASSWORD_LEN", "13")],
+            Some("MALACHI_DEFAULT_USERS: the password of user \"app\" has fewer than 13"),
+        ),
+        (&[("DEFAULT_USERS", "app:app123:produce"), ("MIN_PASSWORD_LEN", "6")], None),
+        (&[("DEFAULT_USERS", "app:app123:produce"), ("DISABLE_DEFAULT_USERS", "true")], None),
+    ];
+    for (settings, refusal) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let deps = NodeDeps::production(testing::config(dir.path(), settings), 1);
+        match (Broker::open(deps).await, refusal) {
+            (Ok((broker, _)), None) => broker.shutdown().await,
+            (Err(error), Some(expected)) => {
+                let message = error.to_string();
+                assert!(message.starts_with(expected), "{settings:?}: {message}");
+                let created = dir.path().join("admin.credentials").exists();
+                assert!(!created, "{settings:?}: nothing is created before the refusal");
+            }
+            (Ok(_), Some(expected)) => panic!("{settings:?} booted; expected {expected}"),
+            (Err(error), None) => panic!("{settings:?} refused: {error}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_passwords_are_held_to_the_minimum_before_hashing() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = testing::open(testing::config(dir.path(), &[("MIN_PASSWORD_LEN", "16")])).await;
+    let cases = [("fifteen-chars!!", false), ("sixteen-chars!!!", true)];
+    for (password, accepted) in cases {
+        let hashed = broker.hash_new_password(password.to_string()).await;
+        assert_eq!(hashed.is_ok(), accepted, "{password}");
+        if let Ok(hash) = hashed {
+            assert!(crate::auth::verify_password(Some(&hash), password));
+        }
+    }
+    broker.shutdown().await;
 }

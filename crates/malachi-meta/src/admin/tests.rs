@@ -126,6 +126,36 @@ fn user_refusals() {
     assert_refused(&mut state, create_user("fourth", &[], None), "too_many_users");
 }
 
+/// A seeded name stays recorded after its account is deleted, so the broker never seeds it
+/// again; recording is idempotent, survives a snapshot, and is bounded.
+#[test]
+fn seeded_names_outlive_their_accounts() {
+    let mut state = seeded();
+    let record = |username: &str| AdminCommand::RecordSeeded { username: username.into() };
+    let steps: &[(&str, bool)] = &[("admin", true), ("admin", false), ("app", true)];
+    for (username, added) in steps {
+        let response = apply_ok(&mut state, record(username));
+        assert_eq!(response, AdminResponse::SeededRecorded { added: *added }, "{username}");
+    }
+    apply_ok(&mut state, AdminCommand::DeleteUser { username: "app".into() });
+    assert!(state.was_seeded("app") && state.user("app").is_none(), "deleted, still seeded");
+    assert!(state.was_seeded("admin") && !state.was_seeded("reader"));
+    assert_refused(&mut state, record(""), "invalid_username");
+
+    let restored: AdminState =
+        serde_json::from_slice(&serde_json::to_vec(&state).unwrap()).unwrap();
+    assert!(restored.was_seeded("app"), "kept in snapshots");
+    let mut older = serde_json::to_value(&state).unwrap();
+    older.as_object_mut().unwrap().remove("seeded");
+    let older: AdminState = serde_json::from_value(older).unwrap();
+    assert!(!older.was_seeded("admin"), "a snapshot from before seeding was recorded restores");
+
+    let limits = AdminLimits { max_users: 1, ..AdminLimits::default() };
+    let mut small = AdminState::new(limits, LockoutPolicy::default());
+    apply_ok(&mut small, record("admin"));
+    assert_refused(&mut small, record("app"), "too_many_users");
+}
+
 #[test]
 fn password_and_role_changes() {
     let mut state = seeded();

@@ -32,6 +32,12 @@ impl AdminState {
             .collect()
     }
 
+    /// Whether the broker's configuration seeded `username` already (see
+    /// [`super::AdminCommand::RecordSeeded`]).
+    pub fn was_seeded(&self, username: &str) -> bool {
+        self.seeded.contains(username)
+    }
+
     pub(super) fn create_user(
         &mut self,
         username: String,
@@ -85,6 +91,20 @@ impl AdminState {
         let user = self.users.get_mut(username).ok_or(AdminError::UserNotFound)?;
         let previous = std::mem::replace(&mut user.role, role);
         Ok(AdminResponse::RoleSet { previous })
+    }
+
+    pub(super) fn record_seeded(&mut self, username: String) -> Result<AdminResponse, AdminError> {
+        check_username(&username)?;
+        if self.seeded.contains(&username) {
+            return Ok(AdminResponse::SeededRecorded { added: false });
+        }
+        // Seeded names come from one node's configuration; the user bound keeps them finite.
+        let limit = self.limits.max_users;
+        if self.seeded.len() >= limit as usize {
+            return Err(AdminError::TooManyUsers { limit });
+        }
+        self.seeded.insert(username);
+        Ok(AdminResponse::SeededRecorded { added: true })
     }
 
     fn check_password_hash(&self, password_hash: &str) -> Result<(), AdminError> {

@@ -123,8 +123,9 @@ fn explain(action: &str, topic: Option<&str>, error: &ClientError, context: &Con
         ClientError::Timeout => format!("{action}: no answer from {server} in time"),
         ClientError::Closed => format!("{action}: {server} closed the connection"),
         ClientError::Protocol(detail) => {
-            format!("{action}: {detail} (is {server} a Malachi broker?)")
+            format!("{action}: {detail} (is {server} a Malachi broker? over TLS, pass --tls)")
         }
+        ClientError::Tls(detail) => format!("{action}: {detail}"),
         ClientError::Server { reason, retryable } => {
             let hint = error.reason().and_then(|known| hint(known, topic, context));
             let hint = hint.or_else(|| retryable.then(|| "temporary; try again".to_string()));
@@ -149,6 +150,11 @@ fn hint(reason: Reason, topic: Option<&str>, context: &Context) -> Option<String
         },
         Reason::AccountLocked => "too many failed logins; wait before trying again".into(),
         Reason::RateLimitExceeded => "too many logins from this address; wait a minute".into(),
+        Reason::TlsRequired => "the broker accepts TLS only; pass --tls (and --ca)".into(),
+        Reason::NoPeerCertificate => "pass --cert and --key with a certificate the broker trusts".into(),
+        Reason::MtlsAuthUnavailable => {
+            "certificate login needs TLS with MALACHI_TLS_VERIFY=verify_peer on the broker".into()
+        }
         Reason::PermissionDenied => format!(
             "user {} may not do this; an admin can grant it with `malachi acl grant` or \
              `malachi user create --perm`",

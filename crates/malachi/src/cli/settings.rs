@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use malachi_client::ClientConfig;
+use malachi_client::{ClientConfig, TlsOptions};
 use serde::Deserialize;
 
 /// The address used when none is given.
@@ -35,6 +35,23 @@ pub struct ConnectionArgs {
     /// if it exists].
     #[arg(long, global = true, value_name = "FILE")]
     pub profile: Option<PathBuf>,
+    /// Speak TLS to the broker [env: MALACHI_TLS]; implied by --ca and --cert.
+    #[arg(long, global = true)]
+    pub tls: bool,
+    /// PEM CA bundle the broker's certificate must chain to [env: MALACHI_TLS_CA] [default:
+    /// the system's bundle].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain for mTLS [env: MALACHI_TLS_CERT]; without --user, logs in
+    /// as the user the certificate names.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --cert [env: MALACHI_TLS_KEY].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Log in with this JWT instead of a password [env: MALACHI_TOKEN].
+    #[arg(long, global = true, value_name = "JWT")]
+    pub token: Option<String>,
 }
 
 /// The same flags, valid only before the subcommand: `malachi user` uses them because its own
@@ -55,12 +72,30 @@ pub struct LeadingConnectionArgs {
     /// if it exists].
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
+    /// Speak TLS to the broker [env: MALACHI_TLS]; implied by --ca and --cert.
+    #[arg(long)]
+    pub tls: bool,
+    /// PEM CA bundle the broker's certificate must chain to [env: MALACHI_TLS_CA] [default:
+    /// the system's bundle].
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate chain for mTLS [env: MALACHI_TLS_CERT]; without --user, logs in
+    /// as the user the certificate names.
+    #[arg(long, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --cert [env: MALACHI_TLS_KEY].
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Log in with this JWT instead of a password [env: MALACHI_TOKEN].
+    #[arg(long, value_name = "JWT")]
+    pub token: Option<String>,
 }
 
 impl From<LeadingConnectionArgs> for ConnectionArgs {
     fn from(args: LeadingConnectionArgs) -> ConnectionArgs {
-        let LeadingConnectionArgs { server, user, password, profile } = args;
-        ConnectionArgs { server, user, password, profile }
+        let LeadingConnectionArgs { server, user, password, profile, tls, ca, cert, key, token } =
+            args;
+        ConnectionArgs { server, user, password, profile, tls, ca, cert, key, token }
     }
 }
 
@@ -71,6 +106,11 @@ pub struct Layer {
     pub server: Option<String>,
     pub user: Option<String>,
     pub password: Option<String>,
+    pub tls: Option<bool>,
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub token: Option<String>,
 }
 
 /// Where the login came from, for error hints.
@@ -81,13 +121,27 @@ pub enum LoginSource {
     LocalAdmin(PathBuf),
 }
 
+/// How the resolved settings log in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// `user` and `password` (key 0).
+    Password,
+    /// The client certificate (key 12).
+    Certificate,
+    /// A JWT (key 13).
+    Token(String),
+}
+
 /// The resolved settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     pub server: String,
+    /// The user for a password login; for the others, how the login is described.
     pub user: String,
     pub password: String,
     pub login: LoginSource,
+    pub method: Method,
+    pub tls: Option<TlsOptions>,
 }
 
 impl Settings {
@@ -98,11 +152,21 @@ impl Settings {
             server: args.server.clone(),
             user: args.user.clone(),
             password: args.password.clone(),
+            tls: args.tls.then_some(true),
+            ca: args.ca.clone(),
+            cert: args.cert.clone(),
+            key: args.key.clone(),
+            token: args.token.clone(),
         };
         let env_layer = Layer {
             server: environment("MALACHI_SERVER"),
             user: environment("MALACHI_USER"),
             password: environment("MALACHI_PASSWORD"),
+            tls: environment("MALACHI_TLS").map(|value| matches!(value.as_str(), "1" | "true")),
+            ca: environment("MALACHI_TLS_CA").map(PathBuf::from),
+            cert: environment("MALACHI_TLS_CERT").map(PathBuf::from),
+            key: environment("MALACHI_TLS_KEY").map(PathBuf::from),
+            token: environment("MALACHI_TOKEN"),
         };
         let home = environment("HOME").map(PathBuf::from);
         let profile = load_profile(args.profile.as_deref(), home.as_deref())?;
@@ -111,7 +175,16 @@ impl Settings {
     }
 
     pub fn client_config(&self) -> ClientConfig {
-        ClientConfig::new(self.server.clone()).credentials(&self.user, &self.password)
+        let config = ClientConfig::new(self.server.clone());
+        let config = match &self.method {
+            Method::Password => config.credentials(&self.user, &self.password),
+            Method::Certificate => config.certificate_login(),
+            Method::Token(jwt) => config.token_login(jwt.clone()),
+        };
+        match &self.tls {
+            Some(options) => config.tls(options.clone()),
+            None => config,
+        }
     }
 }
 
@@ -123,9 +196,24 @@ pub fn resolve(
 ) -> Result<Settings, String> {
     let first = |pick: fn(&Layer) -> &Option<String>| layers.iter().find_map(|l| pick(l).clone());
     let server = first(|layer| &layer.server).unwrap_or_else(|| SERVER_DEFAULT.to_string());
+    let tls = tls_options(layers)?;
+    let given = |user: &str, password: String, method: Method| Settings {
+        server: server.clone(),
+        user: user.to_string(),
+        password,
+        login: LoginSource::Given,
+        method,
+        tls: tls.clone(),
+    };
+    let has_certificate = tls.as_ref().is_some_and(|tls| tls.client_certificate.is_some());
     match (first(|layer| &layer.user), first(|layer| &layer.password)) {
-        (Some(user), Some(password)) => {
-            Ok(Settings { server, user, password, login: LoginSource::Given })
+        _ if first(|layer| &layer.token).is_some() => {
+            let jwt = first(|layer| &layer.token).unwrap_or_default();
+            Ok(given("(token)", String::new(), Method::Token(jwt)))
+        }
+        (Some(user), Some(password)) => Ok(given(&user, password, Method::Password)),
+        (None, None) if has_certificate => {
+            Ok(given("(client certificate)", String::new(), Method::Certificate))
         }
         (Some(user), None) => Err(format!(
             "no password for user {user}: pass --password, set MALACHI_PASSWORD or add it to \
@@ -133,9 +221,28 @@ pub fn resolve(
         )),
         (None, _) => {
             let (user, password, path) = local_admin(&server)?;
-            Ok(Settings { server, user, password, login: LoginSource::LocalAdmin(path) })
+            let login = LoginSource::LocalAdmin(path);
+            Ok(Settings { server, user, password, login, method: Method::Password, tls })
         }
     }
+}
+
+/// TLS if any layer turns it on or names a CA or client certificate; a certificate needs its
+/// key.
+fn tls_options(layers: &[Layer]) -> Result<Option<TlsOptions>, String> {
+    let first = |pick: fn(&Layer) -> &Option<PathBuf>| layers.iter().find_map(|l| pick(l).clone());
+    let (ca, cert, key) = (first(|l| &l.ca), first(|l| &l.cert), first(|l| &l.key));
+    let on = layers.iter().find_map(|layer| layer.tls).unwrap_or(false);
+    if !on && ca.is_none() && cert.is_none() {
+        return Ok(None);
+    }
+    let client_certificate = match (cert, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        (Some(_), None) => return Err("--cert needs --key (or MALACHI_TLS_KEY)".into()),
+        (None, Some(_)) => return Err("--key needs --cert (or MALACHI_TLS_CERT)".into()),
+    };
+    Ok(Some(TlsOptions { ca_file: ca, client_certificate, server_name: None }))
 }
 
 /// Whether `server` (`host:port`) names this machine.
@@ -193,6 +300,7 @@ mod tests {
             server: server.map(str::to_string),
             user: user.map(str::to_string),
             password: password.map(str::to_string),
+            ..Layer::default()
         }
     }
 

@@ -3,9 +3,13 @@
 // subscribe + stream_ack, errors. Exits non-zero with a message on the first surprise.
 'use strict';
 const net = require('net');
+const tls = require('tls');
+const fs = require('fs');
 const assert = require('assert');
 
-const [host, port, user, password] = process.argv.slice(2);
+// With a sixth argument (a CA file), everything runs over TLS trusting that CA, as the
+// original's Node clients do with their `tls` options; the broker must then refuse plain TCP.
+const [host, port, user, password, caFile] = process.argv.slice(2);
 
 function str(value) {
   if (value === null) return Buffer.from([0]);
@@ -99,9 +103,15 @@ class Connection {
   }
 }
 
-function connect() {
+function connect(plain = false) {
   return new Promise((resolve, reject) => {
-    const socket = net.connect(Number(port), host, () => resolve(new Connection(socket)));
+    let socket;
+    if (caFile && !plain) {
+      const options = { host, port: Number(port), ca: fs.readFileSync(caFile), servername: 'localhost' };
+      socket = tls.connect(options, () => resolve(new Connection(socket)));
+    } else {
+      socket = net.connect(Number(port), host, () => resolve(new Connection(socket)));
+    }
     socket.on('error', reject);
   });
 }
@@ -121,6 +131,13 @@ async function login(name, pass) {
 }
 
 async function main() {
+  if (caFile) {
+    const plain = await connect(true);
+    plain.send(0, 1, Buffer.concat([str(user), str(password)]));
+    const refused = await plain.next();
+    assert.strictEqual(refused.corr, 0, 'a TLS-only broker answers plain TCP on corr 0');
+    assert.strictEqual(errorReason(refused), 'tls_required');
+  }
   const bad = await login(user, password + 'x');
   assert.strictEqual(errorReason(bad.frame), 'invalid_credentials');
   assert.strictEqual(await bad.c.next(), undefined, 'the server closes after a failed login');
