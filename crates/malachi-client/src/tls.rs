@@ -16,11 +16,8 @@ use crate::error::ClientError;
 
 /// Where the system keeps its CA bundle on the distributions we know, tried in order when no
 /// CA file is given.
-const SYSTEM_CA_BUNDLES: [&str; 3] = [
-    "/etc/ssl/certs/ca-certificates.crt",
-    "/etc/pki/tls/certs/ca-bundle.crt",
-    "/etc/ssl/cert.pem",
-];
+const SYSTEM_CA_BUNDLES: [&str; 3] =
+    ["/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem"];
 
 /// How to speak TLS to the broker.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -35,10 +32,7 @@ pub struct TlsOptions {
 
 impl TlsOptions {
     /// Connects to `address` and completes the handshake.
-    pub(crate) async fn connect(
-        &self,
-        address: &str,
-    ) -> Result<TlsStream<TcpStream>, ClientError> {
+    pub(crate) async fn connect(&self, address: &str) -> Result<TlsStream<TcpStream>, ClientError> {
         let connector = TlsConnector::from(self.client_config()?);
         let host = match &self.server_name {
             Some(name) => name.clone(),
@@ -55,11 +49,11 @@ impl TlsOptions {
         let mut roots = RootCertStore::empty();
         let bundle = match &self.ca_file {
             Some(path) => path.clone(),
-            None => SYSTEM_CA_BUNDLES
-                .iter()
-                .map(PathBuf::from)
-                .find(|path| path.exists())
-                .ok_or_else(|| ClientError::Tls("no CA bundle given and none found on the system".into()))?,
+            None => {
+                SYSTEM_CA_BUNDLES.iter().map(PathBuf::from).find(|path| path.exists()).ok_or_else(
+                    || ClientError::Tls("no CA bundle given and none found on the system".into()),
+                )?
+            }
         };
         for certificate in certificates(&bundle)? {
             roots.add(certificate).map_err(|error| tls_error(&bundle, error))?;

@@ -102,7 +102,10 @@ impl Login<'_> {
         }
         let attempt = self.count_attempt(now_ms)?;
         let stored = broker.admin_group().read(|admin| {
-            admin.0.user(&username).map(|user| (user.password_hash.clone(), user.permissions.clone()))
+            admin
+                .0
+                .user(&username)
+                .map(|user| (user.password_hash.clone(), user.permissions.clone()))
         });
         let hash = stored.as_ref().map(|(hash, _)| hash.clone());
         // On the server's own Argon2 threads; a full queue is `overloaded`, judged nothing.
@@ -174,8 +177,10 @@ impl Login<'_> {
 
     /// A session for `username` with its stored permissions, if the user exists.
     fn known_user(&self, username: String, attempt: Attempt<'_>) -> Outcome {
-        let permissions =
-            self.broker.admin_group().read(|admin| admin.0.user(&username).map(|user| user.permissions.clone()));
+        let permissions = self
+            .broker
+            .admin_group()
+            .read(|admin| admin.0.user(&username).map(|user| user.permissions.clone()));
         let Some(permissions) = permissions else {
             tracing::info!(peer = %self.peer, user = %username, "login names no provisioned user");
             return Err(Reason::InvalidCredentials);
@@ -192,7 +197,8 @@ impl Login<'_> {
             return Ok(Attempt { shared: self.shared, attempt: None });
         }
         let mut limiter = self.shared.auth_rate.lock().expect("rate limiter lock poisoned");
-        let attempt = limiter.begin(self.peer.ip(), now_ms).map_err(|_| Reason::RateLimitExceeded)?;
+        let attempt =
+            limiter.begin(self.peer.ip(), now_ms).map_err(|_| Reason::RateLimitExceeded)?;
         Ok(Attempt { shared: self.shared, attempt: Some(attempt) })
     }
 }

@@ -105,7 +105,11 @@ pub(crate) async fn serve(
 }
 
 /// Answers a connection that will not be served with `reason` on corr 0, and closes it.
-async fn refuse<W: AsyncWrite + Unpin + ?Sized>(writer: &mut W, reason: Reason, shared: &ServerShared) {
+async fn refuse<W: AsyncWrite + Unpin + ?Sized>(
+    writer: &mut W,
+    reason: Reason,
+    shared: &ServerShared,
+) {
     let _ = write_frame(writer, &ResponseFrame::error(0, reason), shared).await;
     let _ = writer.shutdown().await;
 }

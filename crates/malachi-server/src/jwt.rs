@@ -125,9 +125,9 @@ impl TokenVerifier {
     /// The key file's bytes, re-read if the file changed since the last look.
     fn key_pem(&self) -> Option<Vec<u8>> {
         let path = self.config.public_key_file.as_ref()?;
-        let stamp = std::fs::metadata(path)
-            .ok()
-            .map(|meta| (meta.dev(), meta.ino(), meta.len(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000));
+        let stamp = std::fs::metadata(path).ok().map(|meta| {
+            (meta.dev(), meta.ino(), meta.len(), meta.mtime_nsec() + meta.mtime() * 1_000_000_000)
+        });
         let mut key = self.key.lock().expect("key lock poisoned");
         if stamp != key.stamp || key.stamp.is_none() {
             key.stamp = stamp;
@@ -141,9 +141,11 @@ impl TokenVerifier {
     }
 
     fn fits_an_algorithm(&self, pem: &[u8]) -> bool {
-        self.config.algorithms.iter().filter_map(|name| name.parse::<Algorithm>().ok()).any(
-            |algorithm| decoding_key(algorithm, pem).is_some(),
-        )
+        self.config
+            .algorithms
+            .iter()
+            .filter_map(|name| name.parse::<Algorithm>().ok())
+            .any(|algorithm| decoding_key(algorithm, pem).is_some())
     }
 }
 
@@ -318,7 +320,8 @@ mod tests {
         });
         let token = sign(&first, Algorithm::RS256, &claims());
         assert_eq!(missing.verify(&token, NOW_S * 1000), Err(TokenRefusal::Misconfigured));
-        let not_a_key = verifier(dir.path(), "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n");
+        let not_a_key =
+            verifier(dir.path(), "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n");
         assert_eq!(not_a_key.verify(&token, NOW_S * 1000), Err(TokenRefusal::Misconfigured));
         let rotating = verifier(dir.path(), &first.public_pem);
         assert_eq!(rotating.verify(&token, NOW_S * 1000), Ok("app".into()));

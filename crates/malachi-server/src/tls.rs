@@ -182,8 +182,11 @@ fn build(config: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsError> {
             let verifier = WebPkiClientVerifier::builder(Arc::new(roots));
             // Without FAIL_IF_NO_PEER_CERT a client without a certificate may still log in
             // by password or token; one that offers a certificate must offer a valid one.
-            let verifier =
-                if config.fail_if_no_peer_cert { verifier } else { verifier.allow_unauthenticated() };
+            let verifier = if config.fail_if_no_peer_cert {
+                verifier
+            } else {
+                verifier.allow_unauthenticated()
+            };
             builder.with_client_cert_verifier(verifier.build()?)
         }
         _ => builder.with_no_client_auth(),

@@ -48,7 +48,8 @@ impl Setup {
     fn tls(&self, client_certificate: Option<&Pair>) -> TlsOptions {
         TlsOptions {
             ca_file: Some(self.ca.clone()),
-            client_certificate: client_certificate.map(|pair| (pair.cert.clone(), pair.key.clone())),
+            client_certificate: client_certificate
+                .map(|pair| (pair.cert.clone(), pair.key.clone())),
             server_name: None,
         }
     }
@@ -124,7 +125,8 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     std::fs::copy(&setup.broker.key, setup.path().join("renewed-key.bak")).unwrap();
     let mismatched = next.broker(setup.path(), "mismatch");
     std::fs::copy(&mismatched.key, &setup.broker.key).unwrap();
-    let trusting_next = TlsOptions { ca_file: Some(next.write_ca(&setup.path().join("n.crt"))), ..setup.tls(None) };
+    let trusting_next =
+        TlsOptions { ca_file: Some(next.write_ca(&setup.path().join("n.crt"))), ..setup.tls(None) };
     Client::connect(app(&server).tls(trusting_next)).await.expect("the last good certificate");
 }
 
@@ -172,7 +174,10 @@ async fn certificate_logins() {
     let admin = ClientConfig::new(server.address.to_string())
         .credentials("admin", malachi_broker::testing::ADMIN_PASSWORD);
     let admin = Client::connect(admin).await.expect("admin login");
-    admin.create_user("consumer@example.org", "a-long-enough-password", &["consume"]).await.unwrap();
+    admin
+        .create_user("consumer@example.org", "a-long-enough-password", &["consume"])
+        .await
+        .unwrap();
     let client = Client::connect(config.tls(setup.tls(Some(&app_cn)))).await.expect("email login");
     let refused = client.produce("t", vec![RecordBuilder::new("x").build()]).await.unwrap_err();
     assert_eq!(refused.reason_text(), Some("permission_denied"), "the stored permissions apply");
@@ -215,7 +220,8 @@ async fn token_logins() {
     assert_eq!(reason(login(token("stranger", 600)).await), "invalid_credentials", "no such user");
     assert_eq!(reason(login("x.y.z".into()).await), "invalid_credentials", "garbage");
     let misconfigured = start_with(&oidc(&setup.path().join("missing.pem"))).await;
-    let config = ClientConfig::new(misconfigured.address.to_string()).token_login(token("app", 600));
+    let config =
+        ClientConfig::new(misconfigured.address.to_string()).token_login(token("app", 600));
     assert_eq!(reason(Client::connect(config).await), "oidc_misconfigured");
     let off = start(&[]).await;
     let config = ClientConfig::new(off.address.to_string()).token_login(token("app", 600));

@@ -254,7 +254,10 @@ mod tests {
         let tls = config.security.tls.expect("tls on");
         assert!(tls.require && tls.verify == TlsVerify::Peer && !tls.fail_if_no_peer_cert);
         assert_eq!(tls.ca_cert_file, Some(PathBuf::from("/ca.pem")));
-        assert_eq!(config.security.mtls, MtlsConfig { enabled: true, policy: MtlsPolicy::SanEmail });
+        assert_eq!(
+            config.security.mtls,
+            MtlsConfig { enabled: true, policy: MtlsPolicy::SanEmail }
+        );
         let oidc = config.security.oidc.expect("oidc on");
         assert_eq!(oidc.algorithms, ["RS256", "ES256"]);
         assert_eq!((oidc.identity_claim.as_str(), oidc.leeway_s), ("sub", 60));

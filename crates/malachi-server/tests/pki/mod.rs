@@ -58,7 +58,8 @@ impl Authority {
     fn write(&self, params: CertificateParams, dir: &Path, stem: &str) -> Pair {
         let key = KeyPair::generate().unwrap();
         let certificate = params.signed_by(&key, &self.issuer).unwrap();
-        let pair = Pair { cert: dir.join(format!("{stem}.crt")), key: dir.join(format!("{stem}.key")) };
+        let pair =
+            Pair { cert: dir.join(format!("{stem}.crt")), key: dir.join(format!("{stem}.key")) };
         std::fs::write(&pair.cert, certificate.pem()).unwrap();
         std::fs::write(&pair.key, key.serialize_pem()).unwrap();
         pair

@@ -151,7 +151,9 @@ fn hint(reason: Reason, topic: Option<&str>, context: &Context) -> Option<String
         Reason::AccountLocked => "too many failed logins; wait before trying again".into(),
         Reason::RateLimitExceeded => "too many logins from this address; wait a minute".into(),
         Reason::TlsRequired => "the broker accepts TLS only; pass --tls (and --ca)".into(),
-        Reason::NoPeerCertificate => "pass --cert and --key with a certificate the broker trusts".into(),
+        Reason::NoPeerCertificate => {
+            "pass --cert and --key with a certificate the broker trusts".into()
+        }
         Reason::MtlsAuthUnavailable => {
             "certificate login needs TLS with MALACHI_TLS_VERIFY=verify_peer on the broker".into()
         }
