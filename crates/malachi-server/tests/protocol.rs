@@ -344,3 +344,43 @@ async fn new_passwords_must_meet_the_minimum_length() {
     assert_eq!(reason(&answer), "invalid_credentials", "the refused change changed nothing");
     WireClient::login(server.address, "bob", "seven77").await;
 }
+
+fn acl(username: &str, pattern: &str, grant: bool) -> Request {
+    let request =
+        AclRequest { username: text(username), operation: text("consume"), pattern: text(pattern) };
+    if grant { Request::GrantAcl(request) } else { Request::RevokeAcl(request) }
+}
+
+/// Under strict ACLs a subscription lives on its grant: once an admin revokes it, the next push
+/// is refused `permission_denied` on the subscription's corr and the connection closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_the_grant_ends_an_open_subscription() {
+    let server = start(&[("ACL_STRICT", "true")]).await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    admin.call(create("orders")).await.unwrap();
+    let granted = admin.call(acl("consumer", "orders", true)).await.unwrap();
+    assert!(matches!(granted.body, ResponseBody::Ok(_)));
+    let mut consumer = WireClient::login(server.address, "consumer", "consumer123").await;
+    let subscribe = Request::Subscribe(SubscribeRequest {
+        topic: text("orders"),
+        group: None,
+        member: None,
+        window_records: 100,
+        max_records: 10,
+    });
+    let corr = consumer.send(subscribe).await;
+    admin.call(produce("orders", &["before"])).await.unwrap();
+    let push = consumer.recv(Expect::Reply(malachi_wire::ApiKey::Subscribe)).await.unwrap();
+    assert_eq!((push.corr, fetched(&push).0), (corr, 1), "pushed while granted");
+
+    let revoked = admin.call(acl("consumer", "orders", false)).await.unwrap();
+    assert!(matches!(revoked.body, ResponseBody::Ok(_)));
+    admin.call(produce("orders", &["after"])).await.unwrap();
+    let end = consumer.recv(Expect::Reply(malachi_wire::ApiKey::Subscribe)).await.unwrap();
+    assert_eq!(
+        (end.corr, reason(&end).as_str()),
+        (corr, "permission_denied"),
+        "the record produced after the revocation is not pushed"
+    );
+    assert!(consumer.is_closed().await);
+}
