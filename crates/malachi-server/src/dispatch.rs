@@ -73,7 +73,15 @@ async fn produce(connection: &mut Connection, corr: u32, request: ProduceRequest
     if !connection.permitted(Operation::Produce, &topic) {
         return Connection::refuse(corr, Reason::PermissionDenied.as_str());
     }
-    let records = request.records.into_iter().map(convert::record_from_wire).collect();
+    let records: Vec<_> = request.records.into_iter().map(convert::record_from_wire).collect();
+    let bytes = records.iter().map(|record| record.user_bytes()).sum();
+    let now_ms = connection.broker.clock().now_ms();
+    let user = &connection.session.username;
+    let charged =
+        connection.shared.quotas.charge_publish(user, records.len() as u64, bytes, now_ms);
+    if let Err(reason) = charged {
+        return Connection::refuse(corr, reason.as_str());
+    }
     match connection.broker.produce(&topic, records, &mut connection.spread).await {
         Ok(count) => Connection::reply(corr, Response::Produce(ProduceResponse { count })),
         Err(error) => Connection::refuse(corr, error.reason()),

@@ -12,6 +12,7 @@ pub mod jwt;
 mod limits;
 mod password;
 mod policies;
+pub mod quota;
 mod subscription;
 pub mod tls;
 
@@ -39,6 +40,8 @@ pub struct ServerShared {
     pub tls: Option<tls::TlsListener>,
     /// Token login (key 13), if enabled.
     pub tokens: Option<jwt::TokenVerifier>,
+    /// Per-user publish and subscribe quotas.
+    pub quotas: quota::Quotas,
 }
 
 impl ServerShared {
@@ -63,6 +66,7 @@ impl ServerShared {
             passwords: password::PasswordPool::new(broker.data_plane().io_mode()),
             tls,
             tokens,
+            quotas: quota::Quotas::new(&config.security),
         }))
     }
 }

@@ -53,6 +53,11 @@ pub(crate) fn open(connection: &Connection, corr: u32, request: SubscribeRequest
     if !connection.permitted(Operation::Consume, &topic) {
         return Connection::refuse(corr, Reason::PermissionDenied.as_str());
     }
+    let now_ms = connection.broker.clock().now_ms();
+    let user = &connection.session.username;
+    if let Err(reason) = connection.shared.quotas.charge_subscribe(user, now_ms) {
+        return Connection::refuse(corr, reason.as_str());
+    }
     let window = match request.window_records {
         0 => WINDOW_DEFAULT,
         window => window.min(WINDOW_MAX),

@@ -227,3 +227,35 @@ async fn token_logins() {
     let config = ClientConfig::new(off.address.to_string()).token_login(token("app", 600));
     assert_eq!(reason(Client::connect(config).await), "oidc_auth_disabled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_subscribe_quotas_are_per_user() {
+    let server = start(&[("PUBLISH_RATE_LIMIT", "10"), ("SUBSCRIBE_RATE_LIMIT", "1")]).await;
+    let records = |count: usize| {
+        (0..count).map(|index| RecordBuilder::new(format!("r{index}")).build()).collect::<Vec<_>>()
+    };
+    let client = Client::connect(app(&server)).await.unwrap();
+    client.create_topic("metered").await.unwrap();
+    let refusal = |result: Result<u32, ClientError>| match result {
+        Ok(_) => "accepted".to_string(),
+        Err(error) => error.reason_text().unwrap_or("other").to_string(),
+    };
+    assert_eq!(refusal(client.produce("metered", records(11)).await), "quota_too_small");
+    assert_eq!(refusal(client.produce("metered", records(6)).await), "accepted");
+    assert_eq!(refusal(client.produce("metered", records(6)).await), "rate_limited");
+    // Another user has a bucket of its own.
+    let other =
+        ClientConfig::new(server.address.to_string()).credentials("producer", "producer123");
+    let other = Client::connect(other).await.unwrap();
+    assert_eq!(refusal(other.produce("metered", records(6)).await), "accepted");
+    let subscribe = || async {
+        let client = Client::connect(app(&server)).await.unwrap();
+        let reason = |error: ClientError| error.reason_text().unwrap_or("other").to_string();
+        // The topic has records, so an accepted subscription pushes at once.
+        let mut subscription =
+            client.subscribe("metered", &Default::default()).await.map_err(reason)?;
+        subscription.next().await.map(|_| ()).map_err(reason)
+    };
+    assert_eq!(subscribe().await, Ok(()));
+    assert_eq!(subscribe().await, Err("rate_limited".to_string()));
+}

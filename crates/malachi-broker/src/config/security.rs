@@ -18,6 +18,9 @@ pub struct SecurityConfig {
     pub oidc: Option<OidcConfig>,
     /// Records a user may publish per second (`MALACHI_PUBLISH_RATE_LIMIT`); 0 is no limit.
     pub publish_records_per_s: u32,
+    /// Payload bytes a user may publish per second (`MALACHI_PUBLISH_BYTE_RATE_LIMIT`, a
+    /// Malachi addition); 0 is no limit.
+    pub publish_bytes_per_s: u64,
     /// Subscriptions and fetches a user may open per second (`MALACHI_SUBSCRIBE_RATE_LIMIT`);
     /// 0 is no limit.
     pub subscribe_requests_per_s: u32,
@@ -101,6 +104,7 @@ pub(super) fn load(sources: &Sources<'_>) -> Result<SecurityConfig, ConfigError>
         },
         oidc: oidc(sources)?,
         publish_records_per_s: sources.number("PUBLISH_RATE_LIMIT", 0)?,
+        publish_bytes_per_s: sources.number("PUBLISH_BYTE_RATE_LIMIT", 0)?,
         subscribe_requests_per_s: sources.number("SUBSCRIBE_RATE_LIMIT", 0)?,
     })
 }
