@@ -207,41 +207,67 @@ impl Broker {
         Ok((broker, report))
     }
 
-    /// First boot: the admin account (from `MALACHI_ADMIN_PASS`, else generated, printed once
-    /// and stored 0600 for the local CLI). Every boot: `MALACHI_DEFAULT_USERS` that do not exist.
+    /// The accounts the configuration asks for, each seeded once in the cluster's life: the
+    /// bootstrap admin (from `MALACHI_ADMIN_PASS`, else generated, printed once and stored 0600
+    /// for the local CLI), then `MALACHI_DEFAULT_USERS`. A seeded name is recorded in the admin
+    /// machine, so an account an administrator deleted stays deleted across restarts, while a
+    /// name added to `MALACHI_DEFAULT_USERS` later is still created at the next boot.
     async fn bootstrap_users(&self) -> Result<BootReport, BootError> {
         let mut report = BootReport::default();
         let seed_users = self.seed_users()?;
         self.apply_lockout_policy().await?;
-        let has_admin = self.admin.read(|admin| admin.0.user("admin").is_some());
-        if !has_admin {
-            let password = match &self.config.admin_pass {
-                Some(password) => password.clone(),
-                None => {
-                    let password = auth::new_password(&*self.entropy, self.config.min_password_len);
-                    report.generated_admin_password = Some(password.clone());
-                    password
-                }
-            };
-            self.create_user_hashed("admin", &password, vec!["admin".into()], None).await?;
-            if self.write_admin_credentials {
-                auth::write_admin_credentials(&self.config.data_dir, "admin", &password)
-                    .map_err(|source| data_dir_error(&self.config.data_dir, source))?;
+        if self.needs_seeding("admin") {
+            if self.user_missing("admin") {
+                self.create_admin(&mut report).await?;
             }
+            self.record_seeded("admin").await?;
         }
-        for user in seed_users {
-            if self.admin.read(|admin| admin.0.user(&user.username).is_none()) {
-                self.create_user_hashed(
-                    &user.username,
-                    &user.password,
-                    user.permissions,
-                    user.role,
-                )
-                .await?;
-                report.seeded_users.push(user.username);
+        for user in seed_users.into_iter().filter(|user| self.needs_seeding(&user.username)) {
+            if self.user_missing(&user.username) {
+                let (name, password) = (&user.username, &user.password);
+                self.create_user_hashed(name, password, user.permissions, user.role).await?;
+                report.seeded_users.push(user.username.clone());
             }
+            // An account that exists already (made by hand, or seeded before names were
+            // recorded) is kept as it is, and recorded like one created now.
+            self.record_seeded(&user.username).await?;
         }
         Ok(report)
+    }
+
+    /// Creates the bootstrap admin with `MALACHI_ADMIN_PASS`, or a generated password that the
+    /// report carries to the operator's screen once.
+    async fn create_admin(&self, report: &mut BootReport) -> Result<(), BootError> {
+        let password = match &self.config.admin_pass {
+            Some(password) => password.clone(),
+            None => auth::new_password(&*self.entropy, self.config.min_password_len),
+        };
+        self.create_user_hashed("admin", &password, vec!["admin".into()], None).await?;
+        if self.write_admin_credentials {
+            auth::write_admin_credentials(&self.config.data_dir, "admin", &password)
+                .map_err(|source| data_dir_error(&self.config.data_dir, source))?;
+        }
+        if self.config.admin_pass.is_none() {
+            report.generated_admin_password = Some(password);
+        }
+        Ok(())
+    }
+
+    fn needs_seeding(&self, username: &str) -> bool {
+        !self.admin.read(|admin| admin.0.was_seeded(username))
+    }
+
+    fn user_missing(&self, username: &str) -> bool {
+        self.admin.read(|admin| admin.0.user(username).is_none())
+    }
+
+    /// Records `username` as seeded, so that no later boot seeds it again.
+    async fn record_seeded(&self, username: &str) -> Result<(), BootError> {
+        let command = AdminCommand::RecordSeeded { username: username.into() };
+        match self.admin.propose(command).await? {
+            Ok(_) => Ok(()),
+            Err(error) => Err(BootError::Users(format!("user {username}: {}", error.reason()))),
+        }
     }
 
     /// The accounts `MALACHI_DEFAULT_USERS` asks for, after checking every password against

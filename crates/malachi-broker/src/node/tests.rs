@@ -108,3 +108,57 @@ async fn new_passwords_are_held_to_the_minimum_before_hashing() {
     }
     broker.shutdown().await;
 }
+
+/// Opens node 1 on `dir` with `settings`: the broker and the accounts its boot seeded.
+async fn boot(dir: &Path, settings: &[(&str, &str)]) -> (std::sync::Arc<Broker>, Vec<String>) {
+    let deps = NodeDeps::production(testing::config(dir, settings), 1);
+    let (broker, report) = Broker::open(deps).await.expect("the broker opens");
+    (broker, report.seeded_users)
+}
+
+/// Seeding happens once per name in the cluster's life: accounts an administrator deleted (the
+/// bootstrap admin included) stay deleted across restarts, an account that existed before its
+/// name was seeded is kept as it was, and a name added to `MALACHI_DEFAULT_USERS` later is
+/// still created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_seeded_accounts_stay_deleted_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let exists = |broker: &Broker, name: &str| {
+        broker.admin_group().read(|admin| admin.0.user(name).is_some())
+    };
+    let hash_of = |broker: &Broker, name: &str| {
+        broker.admin_group().read(|admin| admin.0.user(name).map(|user| user.password_hash.clone()))
+    };
+    let (broker, seeded) = boot(dir.path(), &[]).await;
+    assert!(seeded.is_empty() && exists(&broker, "admin"));
+    let by_hand = malachi_meta::AdminCommand::CreateUser {
+        username: "app".into(),
+        password_hash: broker.hash_new_password("made-by-hand-pass".into()).await.unwrap(),
+        permissions: vec!["consume".into()],
+        role: None,
+    };
+    broker.admin_group().propose(by_hand).await.unwrap().unwrap();
+    let app_hash = hash_of(&broker, "app");
+    broker.shutdown().await;
+    drop(broker);
+
+    let seeds = "ops:ops-password-long:admin;app:app-password-long:produce";
+    let (broker, seeded) = boot(dir.path(), &[("DEFAULT_USERS", seeds)]).await;
+    assert_eq!(seeded, ["ops"], "app existed and is kept as it was");
+    assert_eq!(hash_of(&broker, "app"), app_hash);
+    for name in ["admin", "app"] {
+        let delete = malachi_meta::AdminCommand::DeleteUser { username: name.into() };
+        broker.admin_group().propose(delete).await.unwrap().unwrap();
+    }
+    broker.shutdown().await;
+    drop(broker);
+
+    let later = format!("{seeds};late:late-password-long:consume");
+    let (broker, seeded) = boot(dir.path(), &[("DEFAULT_USERS", later.as_str())]).await;
+    assert_eq!(seeded, ["late"], "only the new name is seeded");
+    let cases = [("admin", false), ("app", false), ("ops", true), ("late", true)];
+    for (name, expected) in cases {
+        assert_eq!(exists(&broker, name), expected, "{name} after the restart");
+    }
+    broker.shutdown().await;
+}
