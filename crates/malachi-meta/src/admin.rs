@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::AdminError;
 use crate::invariants::InvariantViolation;
 
-pub use lockout::{LockoutEntry, LockoutPolicy};
+pub use lockout::{LOGIN_FAILURES_PER_COMMAND_MAX, LockoutEntry, LockoutPolicy, LoginFailures};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -129,6 +129,12 @@ pub enum AdminCommand {
         username: String,
         address: String,
     },
+    /// Many failed logins in one command: a flood of failures is a trickle of Raft writes.
+    /// Each entry counts as `count` failures in a row at `now_ms`.
+    RecordLoginFailures {
+        failures: Vec<LoginFailures>,
+        now_ms: u64,
+    },
     /// Forgets unlocked entries idle for the policy's `reset_after_ms`.
     PruneLockouts {
         now_ms: u64,
@@ -170,6 +176,11 @@ pub enum AdminResponse {
     },
     LoginSuccessRecorded {
         cleared: bool,
+    },
+    /// Failures applied, and pairs whose entry was refused (an invalid name or address).
+    LoginFailuresRecorded {
+        recorded: u64,
+        refused: u64,
     },
     LockoutsPruned {
         removed: u64,
@@ -243,6 +254,9 @@ impl AdminState {
             }
             AdminCommand::RecordLoginSuccess { username, address } => {
                 self.record_login_success(&username, &address)
+            }
+            AdminCommand::RecordLoginFailures { failures, now_ms } => {
+                self.record_login_failures(failures, now_ms)
             }
             AdminCommand::PruneLockouts { now_ms } => Ok(self.prune_lockouts(now_ms)),
             AdminCommand::SetLockoutPolicy { policy } => {

@@ -117,8 +117,7 @@ impl Login<'_> {
             }
         };
         let Some((_, permissions)) = stored.filter(|_| matches) else {
-            let failure = AdminCommand::RecordLoginFailure { username, address, now_ms };
-            let _ = broker.admin_group().propose(failure).await;
+            shared.lockouts.record(broker, username, address).await;
             return Err(Reason::InvalidCredentials);
         };
         attempt.refund();

@@ -10,6 +10,7 @@ mod dispatch;
 mod extensions;
 pub mod jwt;
 mod limits;
+pub mod lockouts;
 mod password;
 mod policies;
 pub mod quota;
@@ -42,6 +43,8 @@ pub struct ServerShared {
     pub tokens: Option<jwt::TokenVerifier>,
     /// Per-user publish and subscribe quotas.
     pub quotas: quota::Quotas,
+    /// Failed logins, written to the administrative group in batches.
+    pub lockouts: lockouts::LockoutBatcher,
 }
 
 impl ServerShared {
@@ -67,6 +70,7 @@ impl ServerShared {
             tls,
             tokens,
             quotas: quota::Quotas::new(&config.security),
+            lockouts: lockouts::LockoutBatcher::default(),
         }))
     }
 }

@@ -150,8 +150,9 @@ mod tests {
     #[test]
     fn publish_quota_charges_records_and_bytes() {
         let quotas = quotas(100, 10_000, 0);
-        // (user, records, bytes, at ms, expected)
-        let steps: [(&str, u64, u64, u64, Result<(), Reason>); 9] = [
+        /// (user, records, bytes, at ms, expected)
+        type Step = (&'static str, u64, u64, u64, Result<(), Reason>);
+        let steps: [Step; 9] = [
             ("a", 101, 10, 0, Err(Reason::QuotaTooSmall)),
             ("a", 1, 10_001, 0, Err(Reason::QuotaTooSmall)),
             ("a", 60, 100, 0, Ok(())),

@@ -14,6 +14,19 @@ use super::users::check_username;
 use super::{AdminResponse, AdminState};
 use crate::error::AdminError;
 
+/// Pairs one [`AdminCommand::RecordLoginFailures`](super::AdminCommand) applies.
+pub const LOGIN_FAILURES_PER_COMMAND_MAX: usize = 1_000;
+/// Failures applied per pair and command: past the longest lock nothing changes but the count.
+pub const LOGIN_FAILURES_PER_PAIR_MAX: u32 = 64;
+
+/// Failed logins of one (username, address) pair since the last batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoginFailures {
+    pub username: String,
+    pub address: String,
+    pub count: u32,
+}
+
 /// Duration multipliers of the base lockout for the 1st, 2nd, ... lock in a row.
 const PROGRESSIVE_MULTIPLIERS: [u64; 5] = [1, 3, 9, 24, 72];
 
@@ -114,6 +127,30 @@ impl AdminState {
             self.lockout_entries += 1;
         }
         Ok(AdminResponse::LoginFailureRecorded { failures, locked_until_ms })
+    }
+
+    pub(super) fn record_login_failures(
+        &mut self,
+        failures: Vec<LoginFailures>,
+        now_ms: u64,
+    ) -> Result<AdminResponse, AdminError> {
+        // Bounded work per command: entries beyond the limit are refused, not applied.
+        let beyond = failures.len().saturating_sub(LOGIN_FAILURES_PER_COMMAND_MAX) as u64;
+        let (mut recorded, mut refused) = (0, beyond);
+        for LoginFailures { username, address, count } in
+            failures.into_iter().take(LOGIN_FAILURES_PER_COMMAND_MAX)
+        {
+            for _ in 0..count.min(LOGIN_FAILURES_PER_PAIR_MAX) {
+                match self.record_login_failure(username.clone(), address.clone(), now_ms) {
+                    Ok(_) => recorded += 1,
+                    Err(_) => {
+                        refused += 1;
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(AdminResponse::LoginFailuresRecorded { recorded, refused })
     }
 
     pub(super) fn record_login_success(

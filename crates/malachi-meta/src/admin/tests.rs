@@ -378,3 +378,37 @@ fn the_lockout_policy_is_replicated_state() {
     assert_eq!(state.locked_until("ann", "10.0.0.1", 500), Some(1_000), "the second failure locks");
     assert_eq!(state.locked_until("ann", "10.0.0.1", 1_000), None, "for the configured duration");
 }
+
+#[test]
+fn batched_failures_lock_as_the_same_failures_one_by_one() {
+    let entry = |username: &str, address: &str, count| LoginFailures {
+        username: username.into(),
+        address: address.into(),
+        count,
+    };
+    let mut batched = AdminState::default();
+    let failures =
+        vec![entry("bob", "10.0.0.1", 4), entry("eve", "10.0.0.2", 1), entry("", "x", 3)];
+    let batch = AdminCommand::RecordLoginFailures { failures, now_ms: 1_000 };
+    let response = apply_ok(&mut batched, batch);
+    assert_eq!(response, AdminResponse::LoginFailuresRecorded { recorded: 5, refused: 1 });
+    let mut one_by_one = AdminState::default();
+    for _ in 0..4 {
+        apply_ok(&mut one_by_one, failure("bob", "10.0.0.1", 1_000));
+    }
+    apply_ok(&mut one_by_one, failure("eve", "10.0.0.2", 1_000));
+    assert_eq!(
+        batched.lockout_entry("bob", "10.0.0.1"),
+        one_by_one.lockout_entry("bob", "10.0.0.1")
+    );
+    assert_eq!(batched.locked_until("bob", "10.0.0.1", 1_001), None, "4 failures do not lock");
+    let fifth = vec![entry("bob", "10.0.0.1", 1)];
+    apply_ok(&mut batched, AdminCommand::RecordLoginFailures { failures: fifth, now_ms: 2_000 });
+    assert!(batched.locked_until("bob", "10.0.0.1", 2_001).is_some(), "the fifth locks");
+    let many =
+        (0..LOGIN_FAILURES_PER_COMMAND_MAX + 5).map(|i| entry("u", &i.to_string(), 1)).collect();
+    let response =
+        apply_ok(&mut batched, AdminCommand::RecordLoginFailures { failures: many, now_ms: 3_000 });
+    let limit = LOGIN_FAILURES_PER_COMMAND_MAX as u64;
+    assert_eq!(response, AdminResponse::LoginFailuresRecorded { recorded: limit, refused: 5 });
+}
