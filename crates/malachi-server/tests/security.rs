@@ -259,3 +259,40 @@ async fn publish_and_subscribe_quotas_are_per_user() {
     assert_eq!(subscribe().await, Ok(()));
     assert_eq!(subscribe().await, Err("rate_limited".to_string()));
 }
+
+/// After login, a client that sends requests but never reads the answers cannot make the broker
+/// buffer them: requests are answered one at a time, an answer that cannot be written within
+/// `MALACHI_TCP_SEND_TIMEOUT` closes the connection, and reading stops meanwhile (TCP pushes
+/// back on the sender). Here 2,000 fetches would be answered with 500 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_closed_not_buffered() {
+    use malachi_wire::messages::FetchRequest;
+    use malachi_wire::{Expect, Request};
+    let server = start(&[("TCP_SEND_TIMEOUT", "1000")]).await;
+    let client = Client::connect(app(&server)).await.unwrap();
+    client.create_topic("large").await.unwrap();
+    let value = vec![b'v'; 256 * 1024];
+    client.produce("large", vec![RecordBuilder::new(value).build()]).await.unwrap();
+    let mut greedy = harness::WireClient::login(server.address, "app", "app123").await;
+    let fetch = || {
+        Request::Fetch(FetchRequest {
+            topic: harness::text("large"),
+            max_records: 1,
+            ..FetchRequest::default()
+        })
+    };
+    const REQUESTS: usize = 2_000;
+    for _ in 0..REQUESTS {
+        greedy.send(fetch()).await;
+    }
+    // The broker gives up on the stuck connection after its send timeout...
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    // ...and serves everyone else meanwhile.
+    produce_and_fetch(&client, "others").await;
+    let mut answered = 0;
+    while let Some(frame) = greedy.recv(Expect::Reply(malachi_wire::ApiKey::Fetch)).await {
+        assert!(matches!(frame.body, malachi_wire::ResponseBody::Ok(_)), "{frame:?}");
+        answered += 1;
+    }
+    assert!(answered < REQUESTS / 4, "{answered} of {REQUESTS} answers were buffered");
+}
