@@ -32,7 +32,8 @@ for target in "${targets[@]}"; do
   executions=$(grep -oP '^stat::number_of_executed_units: \K[0-9]+' "$log" || echo 0)
   corpus_files=$(find "corpus/$target" -type f | wc -l)
   corpus_bytes=$(du -sb "corpus/$target" | cut -f1)
-  echo "$target: $executions executions in ${seconds}s ($((executions / (seconds > 0 ? seconds : 1))) exec/s)," \
+  rate=$((executions / (seconds > 0 ? seconds : 1)))
+  echo "$target: $executions executions in ${seconds}s ($rate exec/s)," \
     "corpus $corpus_files inputs / $corpus_bytes bytes, max_len $(max_len "$target"), exit $status"
   if [ "$status" -ne 0 ]; then
     grep -E 'panicked|SUMMARY|Test unit written' "$log" || true

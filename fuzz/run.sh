@@ -9,7 +9,7 @@
 # both on), not a sanitizer: the decoders are safe Rust.
 set -euo pipefail
 cd "$(dirname "$0")"
-seconds="${1:-12}"
+seconds="${1:-10}"
 source ./max-len.sh
 
 cargo fuzz build -s none

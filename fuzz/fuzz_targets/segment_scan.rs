@@ -19,7 +19,8 @@
 //! * opening read-only changes no byte, and verify reports bad frames in order, inside the file.
 //!
 //! Input: byte 0 holds flags, byte 1 the read chunk size, byte 2 the base offset, bytes 3-4 the
-//! bit to flip, byte 5 the largest write recovery assumes (in 16-byte units); the rest is the file's frames.
+//! bit to flip, byte 5 the largest write recovery assumes (in 16-byte units); the rest is the
+//! file's frames.
 
 #![no_main]
 
@@ -174,7 +175,11 @@ fn check_recovery(file: &[u8], header_valid: bool, config: SegmentConfig) {
     check_reads(&segment, &left, trusted);
     drop(segment);
 
-    // Recovery of a recovered file is the identity.
+    // Recovery of a recovered file is the identity (a file it left alone would only repeat the
+    // first recovery, so only a cut file is opened again).
+    if report.bytes_truncated == 0 {
+        return;
+    }
     let (again, report_again) =
         Segment::open(dyn_storage(&storage), &dir(), SEGMENT_ID, config, &Committer::solo())
             .expect("a recovered file opens again");

@@ -58,6 +58,10 @@ pub enum FrameError {
     LayoutMismatch,
     #[error("record offset {found} where {expected} was expected")]
     OffsetMismatch { expected: u64, found: u64 },
+    /// A record at offset `u64::MAX`: the offset after it, which every count and end needs,
+    /// would not fit. No writer makes one, so it is damage like any other bad frame.
+    #[error("record offset u64::MAX leaves no next offset")]
+    LastOffset,
     #[error("seal trailer is not the last frame of the file")]
     MisplacedSeal,
 }
@@ -246,10 +250,11 @@ pub fn check_frame(bytes: &[u8]) -> Result<CheckedFrame, FrameError> {
         })
     } else {
         check_record_layout(payload)?;
-        FrameKind::Record {
-            offset: u64::from_le_bytes(payload[0..8].try_into().expect("eight")),
-            batch_start: payload[16] & FLAG_BATCH_START != 0,
+        let offset = u64::from_le_bytes(payload[0..8].try_into().expect("eight"));
+        if offset == u64::MAX {
+            return Err(FrameError::LastOffset);
         }
+        FrameKind::Record { offset, batch_start: payload[16] & FLAG_BATCH_START != 0 }
     };
     Ok(CheckedFrame { kind, frame_bytes: total as u64 })
 }

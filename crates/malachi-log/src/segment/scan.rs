@@ -175,8 +175,7 @@ pub(crate) fn verify_frames(
                             bad.push(BadFrame { position, error });
                         }
                         records += 1;
-                        // Nothing can follow a record at the last offset: the next is unknown.
-                        expected = offset.checked_add(1);
+                        expected = Some(offset + 1);
                     }
                     FrameKind::Seal(trailer) => {
                         let last = position + frame.frame_bytes == file_len;

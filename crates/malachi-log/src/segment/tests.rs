@@ -870,13 +870,27 @@ const FUZZER_FOUND_FILES: &[FuzzerFoundFile] = &[
     },
     FuzzerFoundFile {
         // Header: segment 1, base offset 0. Then a checksum-valid record frame at offset
-        // u64::MAX: verify expected offset u64::MAX + 1 after it (an add overflow).
+        // u64::MAX: verify expected offset u64::MAX + 1 after it (an add overflow). No record
+        // can sit there (the next offset would not fit): `check_frame` refuses it everywhere.
         name: "a record at the last offset",
         hex: "4d4c5347 0100 2000 0100000000000000 0000000000000000 00000000 7e66c829 \
               5246 1f000000 f1254927 ffffffffffffffff e903000000000000 00 00000000 02000000 \
               00000000 0000",
         records: 0,
         bytes_cut: 41,
+        damaged: true,
+        bad_frames: &[32],
+    },
+    FuzzerFoundFile {
+        // Header: segment 1, base offset u64::MAX. Then a checksum-valid record frame at that
+        // offset, the next one expected: recovery counted past it (an add overflow at open).
+        // Found reading the scan after the file above, then reproduced with the fuzz target.
+        name: "a record at the last offset, where the base offset puts it",
+        hex: "4d4c5347 0100 2000 0100000000000000 ffffffffffffffff 00000000 a961808e \
+              5246 1e000000 406100de ffffffffffffffff e903000000000000 04 00000000 01000000 \
+              00000000 76",
+        records: 0,
+        bytes_cut: 40,
         damaged: true,
         bad_frames: &[32],
     },
