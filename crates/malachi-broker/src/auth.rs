@@ -172,32 +172,46 @@ pub fn admin_credentials_path(data_dir: &Path) -> PathBuf {
     data_dir.join("admin.credentials")
 }
 
-/// Writes `admin.credentials` with mode 0600.
+/// Writes `admin.credentials`: created exclusively (never over an existing file, never through a
+/// symbolic link), mode 0600, and synced with its directory before this returns, so the caller
+/// can commit the account it describes knowing the password is on the disk. Values are JSON
+/// strings (which read as TOML too), so any password survives the round trip, `"` and `\`
+/// included.
 pub fn write_admin_credentials(data_dir: &Path, username: &str, password: &str) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = admin_credentials_path(data_dir);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)?;
-    writeln!(file, "username = {username:?}\npassword = {password:?}")?;
-    file.sync_all()
+    use malachi_log::{OpenMode, RealStorage, Storage};
+    let text = format_admin_credentials(username, password);
+    let file = RealStorage.open(&admin_credentials_path(data_dir), OpenMode::CreateNew)?;
+    file.write_all_at(&[text.as_bytes()], 0)?;
+    file.sync_data()?;
+    RealStorage.sync_dir(data_dir)
 }
 
 /// Reads `admin.credentials` back: `(username, password)`.
 pub fn read_admin_credentials(data_dir: &Path) -> io::Result<(String, String)> {
     let text = std::fs::read_to_string(admin_credentials_path(data_dir))?;
-    let value = |key: &str| -> io::Result<String> {
-        text.lines()
+    parse_admin_credentials(&text)
+        .map_err(|detail| io::Error::new(io::ErrorKind::InvalidData, detail))
+}
+
+fn format_admin_credentials(username: &str, password: &str) -> String {
+    let quote = |value: &str| serde_json::to_string(value).expect("a string serializes");
+    format!(
+        "# The bootstrap admin, for the local CLI. Values are JSON strings.\n\
+         username = {}\npassword = {}\n",
+        quote(username),
+        quote(password)
+    )
+}
+
+fn parse_admin_credentials(text: &str) -> Result<(String, String), String> {
+    let value = |key: &str| -> Result<String, String> {
+        let (_, quoted) = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with('#'))
             .filter_map(|line| line.split_once('='))
             .find(|(name, _)| name.trim() == key)
-            .map(|(_, value)| value.trim().trim_matches('"').to_string())
-            .ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("no {key} in credentials"))
-            })
+            .ok_or_else(|| format!("no {key} in credentials"))?;
+        serde_json::from_str(quoted.trim()).map_err(|error| format!("{key}: {error}"))
     };
     Ok((value("username")?, value("password")?))
 }
@@ -461,16 +475,61 @@ mod tests {
     }
 
     #[test]
-    fn admin_credentials_round_trip_with_0600() {
+    fn admin_credentials_are_private_exclusive_and_never_followed() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
+        let path = admin_credentials_path(dir.path());
         write_admin_credentials(dir.path(), "admin", "p4ss-w0rd-long").unwrap();
-        assert_eq!(
-            read_admin_credentials(dir.path()).unwrap(),
-            ("admin".into(), "p4ss-w0rd-long".into())
-        );
-        let mode =
-            std::fs::metadata(admin_credentials_path(dir.path())).unwrap().permissions().mode();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+        let again = write_admin_credentials(dir.path(), "admin", "another-password");
+        assert_eq!(again.unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        let kept = ("admin".to_string(), "p4ss-w0rd-long".to_string());
+        assert_eq!(read_admin_credentials(dir.path()).unwrap(), kept, "never overwritten");
+
+        // A link planted at the name, to a file or to nowhere, is not written through.
+        for target in ["victim", "missing"] {
+            let other = tempfile::tempdir().unwrap();
+            std::fs::remove_file(&path).unwrap();
+            if target == "victim" {
+                std::fs::write(other.path().join(target), "untouched").unwrap();
+            }
+            std::os::unix::fs::symlink(other.path().join(target), &path).unwrap();
+            assert!(write_admin_credentials(dir.path(), "admin", "x").is_err(), "{target}");
+            let written = std::fs::read_to_string(other.path().join(target)).ok();
+            let expected = (target == "victim").then(|| "untouched".to_string());
+            assert_eq!(written, expected, "{target}");
+            std::fs::remove_file(&path).unwrap();
+            std::fs::write(&path, "").unwrap();
+        }
+    }
+
+    #[test]
+    fn admin_credentials_keep_any_password() {
+        let passwords = [
+            "plain",
+            "quo\"te",
+            "back\\slash",
+            "\\\"",
+            "a = b",
+            " spaced ",
+            "#hash",
+            "new\nline",
+            "é✓",
+        ];
+        for password in passwords {
+            let dir = tempfile::tempdir().unwrap();
+            write_admin_credentials(dir.path(), "admin", password).unwrap();
+            let read = read_admin_credentials(dir.path()).unwrap();
+            assert_eq!(read, ("admin".to_string(), password.to_string()), "{password:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn admin_credentials_round_trip(username in "\\PC*", password in "\\PC*") {
+            let text = format_admin_credentials(&username, &password);
+            proptest::prop_assert_eq!(parse_admin_credentials(&text), Ok((username, password)));
+        }
     }
 }

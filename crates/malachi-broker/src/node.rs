@@ -203,8 +203,15 @@ impl Broker {
             members: Mutex::new(Members::default()),
             last_reshape_ms: Mutex::new(Default::default()),
         });
-        let report = broker.bootstrap_users().await?;
-        Ok((broker, report))
+        match broker.bootstrap_users().await {
+            Ok(report) => Ok((broker, report)),
+            Err(error) => {
+                // Stop the Raft groups, which release the store, before reporting: the caller
+                // may open the directory again in this process once it fixed the cause.
+                broker.shutdown().await;
+                Err(error)
+            }
+        }
     }
 
     /// The accounts the configuration asks for, each seeded once in the cluster's life: the
@@ -236,21 +243,45 @@ impl Broker {
     }
 
     /// Creates the bootstrap admin with `MALACHI_ADMIN_PASS`, or a generated password that the
-    /// report carries to the operator's screen once.
+    /// report carries to the operator's screen once. The credentials file is written, durably,
+    /// before the account is committed: if the write fails, the boot stops while no account has
+    /// a password that nobody can read.
     async fn create_admin(&self, report: &mut BootReport) -> Result<(), BootError> {
         let password = match &self.config.admin_pass {
             Some(password) => password.clone(),
             None => auth::new_password(&*self.entropy, self.config.min_password_len),
         };
-        self.create_user_hashed("admin", &password, vec!["admin".into()], None).await?;
         if self.write_admin_credentials {
-            auth::write_admin_credentials(&self.config.data_dir, "admin", &password)
-                .map_err(|source| data_dir_error(&self.config.data_dir, source))?;
+            self.write_admin_credentials_first(&password)?;
         }
+        self.create_user_hashed("admin", &password, vec!["admin".into()], None).await?;
         if self.config.admin_pass.is_none() {
             report.generated_admin_password = Some(password);
         }
         Ok(())
+    }
+
+    /// Writes `admin.credentials` for an admin account about to be created. A file already
+    /// there was left by an earlier boot that stopped between writing it and committing the
+    /// account (only a missing, never seeded admin gets here): its password never worked
+    /// anywhere. It is removed unread, since it may have been planted while the directory was
+    /// looser, and written afresh; a link is removed, never followed.
+    fn write_admin_credentials_first(&self, password: &str) -> Result<(), BootError> {
+        let data_dir = &self.config.data_dir;
+        let write = || auth::write_admin_credentials(data_dir, "admin", password);
+        let written = match write() {
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                let path = auth::admin_credentials_path(data_dir);
+                tracing::warn!(
+                    path = %path.display(),
+                    "replacing admin credentials left by a boot that stopped before it created \
+                     the admin account (their password never worked)"
+                );
+                std::fs::remove_file(&path).and_then(|()| write())
+            }
+            written => written,
+        };
+        written.map_err(|source| data_dir_error(data_dir, source))
     }
 
     fn needs_seeding(&self, username: &str) -> bool {

@@ -162,3 +162,59 @@ async fn deleted_seeded_accounts_stay_deleted_across_restarts() {
     }
     broker.shutdown().await;
 }
+
+/// Opens node 1 on `dir` with no `MALACHI_ADMIN_PASS`, so a first boot generates the password.
+async fn boot_generated(dir: &Path) -> Result<(std::sync::Arc<Broker>, Option<String>), String> {
+    let mut config = testing::config(dir, &[]);
+    config.admin_pass = None;
+    let opened = Broker::open(NodeDeps::production(config, 1)).await;
+    let (broker, report) = opened.map_err(|error| error.to_string())?;
+    Ok((broker, report.generated_admin_password))
+}
+
+/// The credentials file is written before the admin account is committed: a write that fails
+/// stops the boot with no account created, so the next boot creates it, with a password the
+/// file holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_credentials_write_creates_no_admin() {
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = crate::auth::admin_credentials_path(dir.path());
+    std::fs::create_dir(&blocker).unwrap();
+    let refused = boot_generated(dir.path()).await.unwrap_err();
+    assert!(refused.contains(&dir.path().display().to_string()), "{refused}");
+
+    std::fs::remove_dir(&blocker).unwrap();
+    let (broker, generated) = boot_generated(dir.path()).await.unwrap();
+    let password = generated.expect("the admin did not exist: it is created now");
+    let stored = crate::auth::read_admin_credentials(dir.path()).unwrap();
+    assert_eq!(stored, ("admin".to_string(), password.clone()));
+    let hash =
+        broker.admin_group().read(|admin| admin.0.user("admin").unwrap().password_hash.clone());
+    assert!(crate::auth::verify_password(Some(&hash), &password));
+    broker.shutdown().await;
+}
+
+/// A credentials file left by a boot that stopped before it committed the admin (or a link
+/// planted at its name) is replaced, never read or followed; the new file is the admin's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftover_admin_credentials_are_replaced() {
+    for planted in ["stale file", "link"] {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let victim = outside.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let path = crate::auth::admin_credentials_path(dir.path());
+        match planted {
+            "link" => std::os::unix::fs::symlink(&victim, &path).unwrap(),
+            _ => crate::auth::write_admin_credentials(dir.path(), "admin", "never-worked").unwrap(),
+        }
+        let (broker, generated) = boot_generated(dir.path()).await.unwrap();
+        let password = generated.expect("first boot");
+        let stored = crate::auth::read_admin_credentials(dir.path()).unwrap();
+        assert_eq!(stored, ("admin".to_string(), password), "{planted}");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink(), "{planted}");
+        assert_eq!(mode(&path), FILE_MODE, "{planted}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched", "{planted}");
+        broker.shutdown().await;
+    }
+}

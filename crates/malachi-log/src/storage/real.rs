@@ -32,7 +32,9 @@ impl Storage for RealStorage {
         match mode {
             OpenMode::Existing => {}
             OpenMode::CreateNew => {
-                options.create_new(true);
+                // A new file is never made through a symbolic link planted at its name: O_EXCL
+                // already refuses one, O_NOFOLLOW says so again at the system call.
+                options.create_new(true).custom_flags(libc::O_NOFOLLOW);
             }
             OpenMode::Truncate => {
                 options.create(true).truncate(true);
@@ -231,6 +233,22 @@ mod tests {
             let path = nested.join(name);
             RealStorage.open(&path, open_mode).unwrap();
             assert_eq!(mode(&path), FILE_MODE, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_new_file_is_never_created_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        for existing in [false, true] {
+            let link = dir.path().join(format!("link-{existing}"));
+            if existing {
+                fs::write(&target, b"untouched").unwrap();
+            }
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            assert!(RealStorage.open(&link, OpenMode::CreateNew).is_err(), "{existing}");
+            let contents = fs::read(&target).ok();
+            assert_eq!(contents, existing.then(|| b"untouched".to_vec()), "{existing}");
         }
     }
 
