@@ -116,7 +116,7 @@ impl Login<'_> {
                 return Err(reason);
             }
         };
-        let Some((_, permissions)) = stored.filter(|_| matches) else {
+        let Some((password_hash, permissions)) = stored.filter(|_| matches) else {
             shared.lockouts.record(broker, username, address).await;
             return Err(Reason::InvalidCredentials);
         };
@@ -127,7 +127,8 @@ impl Login<'_> {
             let success = AdminCommand::RecordLoginSuccess { username: username.clone(), address };
             let _ = broker.admin_group().propose(success).await;
         }
-        Ok((Session { username, permissions }, new_token(&**broker.entropy())))
+        let session = Session { username, permissions, password_hash };
+        Ok((session, new_token(&**broker.entropy())))
     }
 
     /// Key 12: the user the verified client certificate names.
@@ -176,16 +177,19 @@ impl Login<'_> {
 
     /// A session for `username` with its stored permissions, if the user exists.
     fn known_user(&self, username: String, attempt: Attempt<'_>) -> Outcome {
-        let permissions = self
-            .broker
-            .admin_group()
-            .read(|admin| admin.0.user(&username).map(|user| user.permissions.clone()));
-        let Some(permissions) = permissions else {
+        let stored = self.broker.admin_group().read(|admin| {
+            admin
+                .0
+                .user(&username)
+                .map(|user| (user.permissions.clone(), user.password_hash.clone()))
+        });
+        let Some((permissions, password_hash)) = stored else {
             tracing::info!(peer = %self.peer, user = %username, "login names no provisioned user");
             return Err(Reason::InvalidCredentials);
         };
         attempt.refund();
-        Ok((Session { username, permissions }, new_token(&**self.broker.entropy())))
+        let session = Session { username, permissions, password_hash };
+        Ok((session, new_token(&**self.broker.entropy())))
     }
 
     /// Counts this login against the per-address rate limit now, in the same step as the check:

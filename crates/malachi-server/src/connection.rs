@@ -31,6 +31,10 @@ use crate::tls::{Accepted, Transport};
 pub struct Session {
     pub username: String,
     pub permissions: std::collections::BTreeSet<Permission>,
+    /// The user's stored password hash when the session logged in. A password change (or the
+    /// account deleted and created again) replaces it with a new salt, which ends the session
+    /// at its next request: whoever knew the old password keeps no session.
+    pub password_hash: String,
 }
 
 impl Session {
@@ -197,14 +201,14 @@ impl Connection {
         let _ = self.writer.shutdown().await;
     }
 
-    /// The session's user still exists with the permissions it logged in with.
+    /// The session's user still exists with the permissions and the password it logged in with.
     pub(crate) fn session_alive(&self) -> bool {
         let session = &self.session;
         self.broker.admin_group().read(|admin| {
-            admin
-                .0
-                .user(&session.username)
-                .is_some_and(|user| user.permissions == session.permissions)
+            admin.0.user(&session.username).is_some_and(|user| {
+                user.permissions == session.permissions
+                    && user.password_hash == session.password_hash
+            })
         })
     }
 

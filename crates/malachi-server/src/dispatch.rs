@@ -217,8 +217,11 @@ async fn create_user(
     admin_command(connection, command).await.map(|()| Response::CreateUser(Empty))
 }
 
+/// Changes a password. Every session of the user then ends at its next request (see
+/// `Connection::session_alive`), except this one when it changed its own password: it proved
+/// it holds the account, and the client need not log in again.
 async fn change_password(
-    connection: &Connection,
+    connection: &mut Connection,
     request: malachi_wire::messages::ChangePasswordRequest,
 ) -> Result<Response, String> {
     let (Some(username), Some(password)) = (text(&request.username), text(&request.new_password))
@@ -226,9 +229,13 @@ async fn change_password(
         return Err(Reason::MalformedRequest.as_str().into());
     };
     let password_hash = new_password_hash(connection, password).await?;
-    admin_command(connection, AdminCommand::ChangePassword { username, password_hash })
-        .await
-        .map(|()| Response::ChangePassword(Empty))
+    let own = username == connection.session.username;
+    let command = AdminCommand::ChangePassword { username, password_hash: password_hash.clone() };
+    admin_command(connection, command).await?;
+    if own {
+        connection.session.password_hash = password_hash;
+    }
+    Ok(Response::ChangePassword(Empty))
 }
 
 /// The hash of a new password, or `invalid_password` if it is shorter than

@@ -386,3 +386,39 @@ async fn revoking_the_grant_ends_an_open_subscription() {
     );
     assert!(consumer.is_closed().await);
 }
+
+/// The answer to a fetch on a session that no longer stands: `permission_denied` on corr 0, then
+/// the connection closes.
+async fn assert_session_ended(client: &mut WireClient, what: &str) {
+    client.send(fetch("orders", None)).await;
+    let answer = client.recv(Expect::Reply(malachi_wire::ApiKey::Fetch)).await.unwrap();
+    assert_eq!((answer.corr, reason(&answer).as_str()), (0, "permission_denied"), "{what}");
+    assert!(client.is_closed().await, "{what}");
+}
+
+/// A password change ends every other session of the user at its next request, whoever made
+/// it; the session that changed its own password goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_change_ends_the_users_other_sessions() {
+    let server = start(&[]).await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    let mut other_admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    let mut consumer = WireClient::login(server.address, "consumer", "consumer123").await;
+    admin.call(create("orders")).await.unwrap();
+    let served = consumer.call(fetch("orders", None)).await.unwrap();
+    assert!(matches!(served.body, ResponseBody::Ok(_)));
+
+    let changed = admin.call(change_password("consumer", "consumer-new")).await.unwrap();
+    assert!(matches!(changed.body, ResponseBody::Ok(_)));
+    assert_session_ended(&mut consumer, "changed by an admin").await;
+    let mut old = WireClient::connect(server.address).await;
+    let answer = old.call(auth("consumer", "consumer123")).await.unwrap();
+    assert_eq!(reason(&answer), "invalid_credentials");
+    WireClient::login(server.address, "consumer", "consumer-new").await;
+
+    let changed = admin.call(change_password("admin", "admin-new-password")).await.unwrap();
+    assert!(matches!(changed.body, ResponseBody::Ok(_)));
+    let served = admin.call(fetch("orders", None)).await.unwrap();
+    assert!(matches!(served.body, ResponseBody::Ok(_)), "its own session goes on: {served:?}");
+    assert_session_ended(&mut other_admin, "the admin's other session").await;
+}
