@@ -1,6 +1,7 @@
 //! `malachi bench`: benchmarks that print their figures next to a baseline from the same run.
 
 mod histogram;
+mod hostile;
 mod storage;
 mod wire;
 
@@ -12,11 +13,15 @@ pub enum BenchCommand {
     Storage(storage::StorageArgs),
     /// Load on a running broker over the wire protocol: records/s, MB/s, ack latency.
     Wire(wire::WireArgs),
+    /// The `wire` produce load alone, then while strangers who never log in attack the port
+    /// (idle connections, oversized first frames, password guessing from many addresses).
+    Hostile(hostile::HostileArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<(), String> {
     match command {
         BenchCommand::Storage(args) => storage::run(&args),
         BenchCommand::Wire(args) => wire::run(&args),
+        BenchCommand::Hostile(args) => hostile::run(&args),
     }
 }

@@ -37,7 +37,7 @@ pub struct WireArgs {
     connection: ConnectionArgs,
     /// Connections, each running one request at a time.
     #[arg(long, default_value_t = 4, value_name = "N")]
-    connections: u32,
+    pub(super) connections: u32,
     /// Records per produce request.
     #[arg(long, default_value_t = 100, value_name = "R")]
     batch: u32,
@@ -54,7 +54,7 @@ pub struct WireArgs {
     mode: Mode,
     /// Topic to use; created if missing.
     #[arg(long, default_value = "malachi-bench")]
-    topic: String,
+    pub(super) topic: String,
     /// Ranges of the topic (a power of two), or a list of them: one run per value, each on
     /// fresh topics named after the topic, the count and the run.
     #[arg(long, value_name = "N,...", value_delimiter = ',')]
@@ -84,7 +84,7 @@ enum Mode {
 
 /// The run's results.
 #[derive(Debug, Serialize)]
-struct Figures {
+pub(super) struct Figures {
     mode: Mode,
     connections: u32,
     batch: u32,
@@ -93,9 +93,9 @@ struct Figures {
     seconds: f64,
     produced_records: u64,
     produced_records_per_s: f64,
-    produced_mb_per_s: f64,
+    pub(super) produced_mb_per_s: f64,
     ack_p50_us: u64,
-    ack_p99_us: u64,
+    pub(super) ack_p99_us: u64,
     ack_p999_us: u64,
     consumed_records: u64,
     consumed_records_per_s: f64,
@@ -180,7 +180,13 @@ fn topic_names(args: &WireArgs, ranges: Option<u32>, run: usize) -> Vec<String> 
         .collect()
 }
 
-async fn measure(
+impl WireArgs {
+    pub(super) fn connection(&self) -> &ConnectionArgs {
+        &self.connection
+    }
+}
+
+pub(super) async fn measure(
     args: &WireArgs,
     topics: &[String],
     ranges: Option<u32>,

@@ -152,7 +152,7 @@ fn hint(reason: Reason, topic: Option<&str>, context: &Context) -> Option<String
         Reason::RateLimitExceeded => "too many logins from this address; wait a minute".into(),
         Reason::TlsRequired => "the broker accepts TLS only; pass --tls (and --ca)".into(),
         Reason::NoPeerCertificate => {
-            "pass --cert and --key with a certificate the broker trusts".into()
+            "pass --client-cert and --client-key with a certificate the broker trusts".into()
         }
         Reason::MtlsAuthUnavailable => {
             "certificate login needs TLS with MALACHI_TLS_VERIFY=verify_peer on the broker".into()

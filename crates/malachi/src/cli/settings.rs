@@ -35,7 +35,7 @@ pub struct ConnectionArgs {
     /// if it exists].
     #[arg(long, global = true, value_name = "FILE")]
     pub profile: Option<PathBuf>,
-    /// Speak TLS to the broker [env: MALACHI_TLS]; implied by --ca and --cert.
+    /// Speak TLS to the broker [env: MALACHI_TLS]; implied by --ca and --client-cert.
     #[arg(long, global = true)]
     pub tls: bool,
     /// PEM CA bundle the broker's certificate must chain to [env: MALACHI_TLS_CA] [default:
@@ -45,10 +45,10 @@ pub struct ConnectionArgs {
     /// PEM client certificate chain for mTLS [env: MALACHI_TLS_CERT]; without --user, logs in
     /// as the user the certificate names.
     #[arg(long, global = true, value_name = "FILE")]
-    pub cert: Option<PathBuf>,
-    /// PEM private key of --cert [env: MALACHI_TLS_KEY].
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert [env: MALACHI_TLS_KEY].
     #[arg(long, global = true, value_name = "FILE")]
-    pub key: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
     /// Log in with this JWT instead of a password [env: MALACHI_TOKEN].
     #[arg(long, global = true, value_name = "JWT")]
     pub token: Option<String>,
@@ -72,7 +72,7 @@ pub struct LeadingConnectionArgs {
     /// if it exists].
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
-    /// Speak TLS to the broker [env: MALACHI_TLS]; implied by --ca and --cert.
+    /// Speak TLS to the broker [env: MALACHI_TLS]; implied by --ca and --client-cert.
     #[arg(long)]
     pub tls: bool,
     /// PEM CA bundle the broker's certificate must chain to [env: MALACHI_TLS_CA] [default:
@@ -82,10 +82,10 @@ pub struct LeadingConnectionArgs {
     /// PEM client certificate chain for mTLS [env: MALACHI_TLS_CERT]; without --user, logs in
     /// as the user the certificate names.
     #[arg(long, value_name = "FILE")]
-    pub cert: Option<PathBuf>,
-    /// PEM private key of --cert [env: MALACHI_TLS_KEY].
+    pub client_cert: Option<PathBuf>,
+    /// PEM private key of --client-cert [env: MALACHI_TLS_KEY].
     #[arg(long, value_name = "FILE")]
-    pub key: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
     /// Log in with this JWT instead of a password [env: MALACHI_TOKEN].
     #[arg(long, value_name = "JWT")]
     pub token: Option<String>,
@@ -93,9 +93,18 @@ pub struct LeadingConnectionArgs {
 
 impl From<LeadingConnectionArgs> for ConnectionArgs {
     fn from(args: LeadingConnectionArgs) -> ConnectionArgs {
-        let LeadingConnectionArgs { server, user, password, profile, tls, ca, cert, key, token } =
-            args;
-        ConnectionArgs { server, user, password, profile, tls, ca, cert, key, token }
+        let LeadingConnectionArgs {
+            server,
+            user,
+            password,
+            profile,
+            tls,
+            ca,
+            client_cert,
+            client_key,
+            token,
+        } = args;
+        ConnectionArgs { server, user, password, profile, tls, ca, client_cert, client_key, token }
     }
 }
 
@@ -108,8 +117,8 @@ pub struct Layer {
     pub password: Option<String>,
     pub tls: Option<bool>,
     pub ca: Option<PathBuf>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
     pub token: Option<String>,
 }
 
@@ -154,8 +163,8 @@ impl Settings {
             password: args.password.clone(),
             tls: args.tls.then_some(true),
             ca: args.ca.clone(),
-            cert: args.cert.clone(),
-            key: args.key.clone(),
+            client_cert: args.client_cert.clone(),
+            client_key: args.client_key.clone(),
             token: args.token.clone(),
         };
         let env_layer = Layer {
@@ -164,8 +173,8 @@ impl Settings {
             password: environment("MALACHI_PASSWORD"),
             tls: environment("MALACHI_TLS").map(|value| matches!(value.as_str(), "1" | "true")),
             ca: environment("MALACHI_TLS_CA").map(PathBuf::from),
-            cert: environment("MALACHI_TLS_CERT").map(PathBuf::from),
-            key: environment("MALACHI_TLS_KEY").map(PathBuf::from),
+            client_cert: environment("MALACHI_TLS_CERT").map(PathBuf::from),
+            client_key: environment("MALACHI_TLS_KEY").map(PathBuf::from),
             token: environment("MALACHI_TOKEN"),
         };
         let home = environment("HOME").map(PathBuf::from);
@@ -231,7 +240,7 @@ pub fn resolve(
 /// key.
 fn tls_options(layers: &[Layer]) -> Result<Option<TlsOptions>, String> {
     let first = |pick: fn(&Layer) -> &Option<PathBuf>| layers.iter().find_map(|l| pick(l).clone());
-    let (ca, cert, key) = (first(|l| &l.ca), first(|l| &l.cert), first(|l| &l.key));
+    let (ca, cert, key) = (first(|l| &l.ca), first(|l| &l.client_cert), first(|l| &l.client_key));
     let on = layers.iter().find_map(|layer| layer.tls).unwrap_or(false);
     if !on && ca.is_none() && cert.is_none() {
         return Ok(None);
@@ -239,8 +248,12 @@ fn tls_options(layers: &[Layer]) -> Result<Option<TlsOptions>, String> {
     let client_certificate = match (cert, key) {
         (Some(cert), Some(key)) => Some((cert, key)),
         (None, None) => None,
-        (Some(_), None) => return Err("--cert needs --key (or MALACHI_TLS_KEY)".into()),
-        (None, Some(_)) => return Err("--key needs --cert (or MALACHI_TLS_CERT)".into()),
+        (Some(_), None) => {
+            return Err("--client-cert needs --client-key (or MALACHI_TLS_KEY)".into());
+        }
+        (None, Some(_)) => {
+            return Err("--client-key needs --client-cert (or MALACHI_TLS_CERT)".into());
+        }
     };
     Ok(Some(TlsOptions { ca_file: ca, client_certificate, server_name: None }))
 }
@@ -387,6 +400,33 @@ mod tests {
         let (user, password, path) = local_admin(SERVER_DEFAULT, dir.path()).expect("reads");
         assert_eq!((user.as_str(), password.as_str()), ("admin", "pw"));
         assert_eq!(path, dir.path().join("admin.credentials"));
+    }
+
+    #[test]
+    fn tls_and_login_methods_resolve() {
+        let path = |name: &str| Some(PathBuf::from(name));
+        let tls_layer = |client_cert, client_key, token: Option<&str>| Layer {
+            ca: path("ca.pem"),
+            client_cert,
+            client_key,
+            token: token.map(str::to_string),
+            ..Layer::default()
+        };
+        let certified = resolve(&[tls_layer(path("c"), path("k"), None)], no_local_admin).unwrap();
+        assert_eq!(certified.method, Method::Certificate, "a certificate without a user");
+        let options = certified.tls.expect("TLS is implied by --ca");
+        assert_eq!(options.client_certificate, Some(("c".into(), "k".into())));
+        let by_token = resolve(&[tls_layer(None, None, Some("jwt"))], no_local_admin).unwrap();
+        assert_eq!(by_token.method, Method::Token("jwt".into()));
+        let user = Layer { user: Some("u".into()), password: Some("p".into()), ..Layer::default() };
+        let with_user = [user.clone(), tls_layer(path("c"), path("k"), None)];
+        assert_eq!(resolve(&with_user, no_local_admin).unwrap().method, Method::Password);
+        assert_eq!(resolve(&[user], no_local_admin).unwrap().tls, None, "plain by default");
+        let half = resolve(&[tls_layer(path("c"), None, None)], no_local_admin).unwrap_err();
+        assert!(half.starts_with("--client-cert needs --client-key"), "{half}");
+        let parsed =
+            parse_profile("tls = true\nclient_cert = \"c\"\nclient_key = \"k\"\n").unwrap();
+        assert_eq!((parsed.tls, parsed.client_key), (Some(true), path("k")));
     }
 
     #[test]
