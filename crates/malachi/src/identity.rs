@@ -118,7 +118,16 @@ fn parse(text: &str) -> Result<NodeIdentity, String> {
 
 fn write_durably(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
     let temporary = dir.join(format!("{IDENTITY_FILE}.new"));
-    let mut file = std::fs::File::create(&temporary)?;
+    // Private like the rest of the data directory (0600), whatever the umask.
+    let mut file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&temporary)?
+    };
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
     drop(file);
@@ -136,6 +145,9 @@ mod tests {
         let first = load_or_create(dir.path(), Some(7)).unwrap();
         assert_eq!(first.node_id, 7);
         assert!(parse(&format(&first)).is_ok(), "{first:?}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(IDENTITY_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the identity file is private");
         let cases = [(None, Ok(7)), (Some(7), Ok(7)), (Some(8), Err("records node 7"))];
         for (requested, expected) in cases {
             let loaded = load_or_create(dir.path(), requested);

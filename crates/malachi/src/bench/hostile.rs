@@ -46,15 +46,18 @@ pub struct HostileArgs {
     /// Distinct source addresses the strangers use (127.1.0.0 upwards).
     #[arg(long, default_value_t = 4096, value_name = "N")]
     addresses: u32,
+    /// Each stranger's pause before its next connection after the broker answered it.
+    #[arg(long, default_value_t = 5, value_name = "MS")]
+    pause_ms: u64,
 }
 
 /// Bytes a too-large first frame announces, and how much of it a stranger sends.
 const OVERSIZED_ANNOUNCED_BYTES: u32 = 16 * 1024 * 1024;
 const OVERSIZED_SENT_BYTES: usize = 1024 * 1024;
+/// Logins timed during the attack.
+const LOGINS_MEASURED: usize = 10;
 /// How often the broker's memory is sampled.
 const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
-/// Pause between a stranger's connections when the broker refused or dropped one.
-const STRANGER_PAUSE: Duration = Duration::from_millis(5);
 
 /// Answers the strangers got, by kind and reason.
 type Outcomes = Arc<Mutex<BTreeMap<String, u64>>>;
@@ -71,7 +74,11 @@ async fn hostile(args: &HostileArgs) -> Result<(), String> {
     let target = resolve(args)?;
     let topic = [args.load.topic.clone()];
     let rss_before = args.pid.and_then(resident_mib);
-    let baseline = wire::measure(&args.load, &topic, None).await?;
+    let baseline =
+        wire::measure_with(&args.load, &topic, None, wire::connect_all(&args.load).await?).await?;
+    // The producers of the second run log in before the attack: logins under attack are
+    // measured on their own below.
+    let producers = wire::connect_all(&args.load).await?;
     let outcomes: Outcomes = Arc::default();
     let peak = Arc::new(Mutex::new(rss_before.unwrap_or(0.0)));
     let mut attack = JoinSet::new();
@@ -90,7 +97,10 @@ async fn hostile(args: &HostileArgs) -> Result<(), String> {
     }
     // Let the strangers reach their steady state before measuring.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let attacked = wire::measure(&args.load, &topic, None).await;
+    let settings = crate::cli::settings::Settings::load(args.load.connection())?;
+    let attacked = wire::measure_with(&args.load, &topic, None, producers).await;
+    // After the load: idle producers would be closed by the broker's idle timeout meanwhile.
+    let logins = login_times(&settings).await;
     attack.abort_all();
     while attack.join_next().await.is_some() {}
     let attacked = attacked?;
@@ -108,6 +118,7 @@ async fn hostile(args: &HostileArgs) -> Result<(), String> {
         attacked.produced_mb_per_s,
         attacked.ack_p99_us as f64 / 1000.0
     );
+    println!("  a legitimate login under attack: {logins}");
     if let (Some(before), Some(after)) = (rss_before, rss_after) {
         let peak = *peak.lock().expect("peak lock");
         println!(
@@ -116,13 +127,36 @@ async fn hostile(args: &HostileArgs) -> Result<(), String> {
     }
     let outcomes = outcomes.lock().expect("outcomes lock");
     println!(
-        "  strangers: {} idle, {} oversized, {} guessers over {} addresses",
-        args.idle, args.oversized, args.guessers, args.addresses
+        "  strangers: {} idle, {} oversized, {} guessers over {} addresses, {} ms between tries",
+        args.idle, args.oversized, args.guessers, args.addresses, args.pause_ms
     );
     for (outcome, count) in outcomes.iter() {
         println!("    {outcome:<40} {count:>9}");
     }
     Ok(())
+}
+
+/// Logins of the configured user during the attack: how many of [`LOGINS_MEASURED`] got in
+/// (each retrying `overloaded` for a while, as `bench wire` does) and how long they took.
+async fn login_times(settings: &crate::cli::settings::Settings) -> String {
+    let mut took_ms = Vec::new();
+    let mut refused = 0;
+    for _ in 0..LOGINS_MEASURED {
+        let started = std::time::Instant::now();
+        match wire::login(settings).await {
+            Ok(_) => took_ms.push(started.elapsed().as_secs_f64() * 1000.0),
+            Err(_) => refused += 1,
+        }
+    }
+    took_ms.sort_by(f64::total_cmp);
+    let at = |q: f64| took_ms.get(((took_ms.len() as f64 - 1.0) * q) as usize).copied();
+    match (at(0.5), at(1.0)) {
+        (Some(p50), Some(max)) => format!(
+            "{} of {LOGINS_MEASURED} in, p50 {p50:.0} ms, max {max:.0} ms, {refused} gave up",
+            took_ms.len()
+        ),
+        _ => format!("0 of {LOGINS_MEASURED} in"),
+    }
 }
 
 fn resolve(args: &HostileArgs) -> Result<SocketAddr, String> {
@@ -152,6 +186,7 @@ fn spawn_attack(
             let first = next_address;
             next_address += 1;
             let outcomes = Arc::clone(outcomes);
+            let pause = Duration::from_millis(args.pause_ms);
             tasks.spawn(async move {
                 let mut round = 0u32;
                 loop {
@@ -168,7 +203,7 @@ fn spawn_attack(
                         .entry(format!("{} {outcome}", kind.name()))
                         .or_default() += 1;
                     if paused {
-                        tokio::time::sleep(STRANGER_PAUSE).await;
+                        tokio::time::sleep(pause).await;
                     }
                 }
             });

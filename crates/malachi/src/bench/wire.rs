@@ -132,6 +132,8 @@ struct Tally {
 
 /// Round trips measured for the floor.
 const ROUND_TRIPS: u32 = 200;
+/// Logins retried on a retryable refusal before the run stops.
+const LOGIN_RETRIES: u32 = 500;
 /// Pause before retrying a retryable refusal.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// Long poll of a consumer that follows producers (mixed mode).
@@ -186,18 +188,35 @@ impl WireArgs {
     }
 }
 
-pub(super) async fn measure(
+/// `args.connections` logged-in clients.
+pub(super) async fn connect_all(args: &WireArgs) -> Result<Vec<Client>, String> {
+    let settings = Settings::load(&args.connection)?;
+    let mut clients = Vec::new();
+    for _ in 0..args.connections {
+        let client = login(&settings).await;
+        clients.push(client.map_err(|error| settings.explain("login", None, &error))?);
+    }
+    Ok(clients)
+}
+
+async fn measure(
     args: &WireArgs,
     topics: &[String],
     ranges: Option<u32>,
 ) -> Result<Figures, String> {
+    let clients = connect_all(args).await?;
+    measure_with(args, topics, ranges, clients).await
+}
+
+/// One run of the load over `clients`, which must be `args.connections` logged-in clients.
+pub(super) async fn measure_with(
+    args: &WireArgs,
+    topics: &[String],
+    ranges: Option<u32>,
+    clients: Vec<Client>,
+) -> Result<Figures, String> {
     let settings = Settings::load(&args.connection)?;
     let fail = |action: &str, error: ClientError| settings.explain(action, None, &error);
-    let mut clients = Vec::new();
-    for _ in 0..args.connections {
-        let client = Client::connect(settings.client_config()).await;
-        clients.push(client.map_err(|error| fail("login", error))?);
-    }
     let per_topic = ranges.map(|ranges| (ranges / topics.len() as u32).max(1));
     for topic in topics {
         ensure_topic(&clients[0], topic, per_topic)
@@ -239,6 +258,21 @@ pub(super) async fn measure(
     figures.disk_flushes_per_request =
         flushes.map(|flushes| flushes as f64 / figures.produce_requests.max(1) as f64);
     Ok(figures)
+}
+
+/// A logged-in client, retrying refusals that say "later" (`overloaded` while strangers flood
+/// the password checks, in `bench hostile`) for up to [`LOGIN_RETRIES`] pauses.
+pub(super) async fn login(settings: &Settings) -> Result<Client, ClientError> {
+    let mut attempt = 0;
+    loop {
+        match Client::connect(settings.client_config()).await {
+            Err(error) if error.is_retryable() && attempt < LOGIN_RETRIES => {
+                attempt += 1;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 /// Cache flushes the disk holding `dir` has completed (`/sys/dev/block/<dev>/stat`, field 16;
