@@ -20,6 +20,7 @@ use crate::ServerShared;
 use crate::connection::{Frames, Session, write_frame};
 use crate::convert::text;
 use crate::jwt::TokenRefusal;
+use crate::limits::ConnectionSlot;
 use crate::tls::Transport;
 
 /// Reads and answers the first frame; `Some` only for a successful login.
@@ -28,11 +29,20 @@ pub(crate) async fn authenticate(
     writer: &mut crate::connection::ConnectionWriter,
     peer: SocketAddr,
     transport: &Transport,
+    slot: &ConnectionSlot,
     broker: &Arc<Broker>,
     shared: &ServerShared,
 ) -> Option<Session> {
     let wait = Duration::from_millis(broker.config().auth_timeout_ms);
-    let body = match tokio::time::timeout(wait, frames.next()).await {
+    // Until its first frame is whole, a newcomer may evict this connection (limits.rs).
+    let next = tokio::select! {
+        next = tokio::time::timeout(wait, frames.next()) => next,
+        () = slot.evicted() => {
+            let _ = write_frame(writer, &ResponseFrame::error(0, Reason::Overloaded), shared).await;
+            return None;
+        }
+    };
+    let body = match next {
         Ok(Some(Ok(body))) => body,
         Ok(Some(Err(malachi_wire::FrameError::TooLarge(_)))) => {
             let _ =
@@ -41,6 +51,7 @@ pub(crate) async fn authenticate(
         }
         _ => return None,
     };
+    slot.heard();
     let login = Login { peer, transport, broker, shared };
     let (corr, outcome) = login.first_frame(body).await;
     let answer = match &outcome {

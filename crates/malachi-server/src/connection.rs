@@ -86,7 +86,12 @@ pub(crate) async fn serve(
             }
             Some(tls) => {
                 let wait = Duration::from_millis(broker.config().auth_timeout_ms);
-                match tls.accept(stream, wait).await {
+                let accepted = tokio::select! {
+                    accepted = tls.accept(stream, wait) => accepted,
+                    // Evicted mid-handshake by a newcomer (limits.rs): nothing to answer on.
+                    () = slot.evicted() => return,
+                };
+                match accepted {
                     Ok(Accepted::Tls(stream, transport)) => {
                         let (read_half, write_half) = tokio::io::split(*stream);
                         (Box::new(read_half), Box::new(write_half), transport)
@@ -146,7 +151,8 @@ async fn serve_admitted(
     let auth_max_frame = AUTH_FRAME_BYTES_MAX.min(max_frame);
     let mut frames = FramedRead::new(read_half, FrameCodec::new(auth_max_frame));
     let Some(session) =
-        auth::authenticate(&mut frames, &mut write_half, peer, &transport, &broker, &shared).await
+        auth::authenticate(&mut frames, &mut write_half, peer, &transport, &slot, &broker, &shared)
+            .await
     else {
         let _ = write_half.shutdown().await;
         return;

@@ -1,10 +1,19 @@
 //! Connection limits: per client address and in total (`MALACHI_MAX_CONN_PER_IP`,
 //! `MALACHI_MAX_TOTAL_CONN`), and connections not yet logged in (`MALACHI_MAX_UNAUTHENTICATED_CONN`).
 //! A slot is held by a guard and released when the connection ends.
+//!
+//! When the not-logged-in places are all taken, a new connection evicts the oldest one that has
+//! not yet sent its whole first frame (a "silent" one) rather than being refused: strangers who
+//! hold connections open without logging in then only push each other out, and a client that
+//! sends its login at once still gets in. The evicted connection is answered `overloaded`. Only
+//! when every such place holds a login being judged is the newcomer refused `overloaded`.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
 
 use malachi_wire::Reason;
 
@@ -29,6 +38,16 @@ struct Counts {
     total: u32,
     unauthenticated: u32,
     per_ip: BTreeMap<IpAddr, u32>,
+    /// Not-logged-in connections that have not sent a whole first frame, oldest first.
+    silent: BTreeMap<u64, Arc<Eviction>>,
+    next_admission: u64,
+}
+
+/// How a silent connection learns it was evicted.
+#[derive(Debug, Default)]
+struct Eviction {
+    evicted: AtomicBool,
+    notify: Notify,
 }
 
 /// A held connection slot.
@@ -36,7 +55,10 @@ struct Counts {
 pub struct ConnectionSlot {
     limits: Arc<ConnectionLimits>,
     ip: IpAddr,
+    /// No longer counted as not logged in: logged in, or evicted (which released that place).
     authenticated: bool,
+    admission: u64,
+    eviction: Arc<Eviction>,
 }
 
 impl ConnectionLimits {
@@ -67,12 +89,27 @@ impl ConnectionLimits {
             }
         }
         if counts.unauthenticated >= self.unauthenticated_max {
-            return Err(Reason::Overloaded);
+            let Some((_, oldest)) = counts.silent.pop_first() else {
+                return Err(Reason::Overloaded);
+            };
+            oldest.evicted.store(true, Ordering::SeqCst);
+            oldest.notify.notify_one();
+            counts.unauthenticated -= 1;
         }
         counts.total += 1;
         counts.unauthenticated += 1;
         *counts.per_ip.entry(ip).or_insert(0) += 1;
-        Ok(ConnectionSlot { limits: Arc::clone(self), ip, authenticated: false })
+        let admission = counts.next_admission;
+        counts.next_admission += 1;
+        let eviction = Arc::new(Eviction::default());
+        counts.silent.insert(admission, Arc::clone(&eviction));
+        Ok(ConnectionSlot {
+            limits: Arc::clone(self),
+            ip,
+            authenticated: false,
+            admission,
+            eviction,
+        })
     }
 
     pub fn open_connections(&self) -> u32 {
@@ -81,10 +118,27 @@ impl ConnectionLimits {
 }
 
 impl ConnectionSlot {
+    /// The connection's first frame arrived whole: it is being judged and is no longer evicted.
+    /// Its place is released when it logs in or closes.
+    pub fn heard(&self) {
+        self.limits.counts.lock().expect("limits lock poisoned").silent.remove(&self.admission);
+    }
+
+    /// Completes when a newcomer evicted this connection while it was silent.
+    pub async fn evicted(&self) {
+        if self.eviction.evicted.load(Ordering::SeqCst) {
+            return;
+        }
+        self.eviction.notify.notified().await;
+    }
+
     /// The connection logged in: it no longer counts as unauthenticated.
     pub fn logged_in(&mut self) {
-        if !std::mem::replace(&mut self.authenticated, true) {
-            self.limits.counts.lock().expect("limits lock poisoned").unauthenticated -= 1;
+        let mut counts = self.limits.counts.lock().expect("limits lock poisoned");
+        counts.silent.remove(&self.admission);
+        let evicted = self.eviction.evicted.load(Ordering::SeqCst);
+        if !std::mem::replace(&mut self.authenticated, true) && !evicted {
+            counts.unauthenticated -= 1;
         }
     }
 }
@@ -93,7 +147,9 @@ impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         let mut counts = self.limits.counts.lock().expect("limits lock poisoned");
         counts.total -= 1;
-        if !self.authenticated {
+        counts.silent.remove(&self.admission);
+        // An evicted slot released its not-logged-in place when it was evicted.
+        if !self.authenticated && !self.eviction.evicted.load(Ordering::SeqCst) {
             counts.unauthenticated -= 1;
         }
         if let Some(count) = counts.per_ip.get_mut(&self.ip) {
@@ -133,14 +189,44 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let mut first = limits.admit(a).unwrap();
         let second = limits.admit(a).unwrap();
-        assert_eq!(limits.admit(a).unwrap_err(), Reason::Overloaded);
+        first.heard();
+        second.heard();
+        assert_eq!(limits.admit(a).unwrap_err(), Reason::Overloaded, "both are being judged");
         first.logged_in();
         first.logged_in();
         let third = limits.admit(a).unwrap();
+        third.heard();
         assert_eq!(limits.admit(a).unwrap_err(), Reason::Overloaded);
         drop((second, third));
         assert!(limits.admit(a).is_ok());
         drop(first);
         assert_eq!(limits.open_connections(), 0);
+    }
+
+    /// A newcomer evicts the oldest silent stranger instead of being refused.
+    #[tokio::test]
+    async fn the_oldest_silent_connection_makes_way() {
+        let limits = ConnectionLimits::new(false, (0, 0), 2);
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let oldest = limits.admit(a).unwrap();
+        let judged = limits.admit(a).unwrap();
+        judged.heard();
+        let newcomer = limits.admit(a).expect("the oldest silent one makes way");
+        oldest.evicted().await;
+        newcomer.heard();
+        assert_eq!(limits.admit(a).unwrap_err(), Reason::Overloaded, "logins being judged stay");
+        drop(oldest);
+        assert_eq!(
+            limits.admit(a).unwrap_err(),
+            Reason::Overloaded,
+            "an evicted slot freed its place once"
+        );
+        drop(judged);
+        let mut last = limits.admit(a).expect("a judged login that closed frees its place");
+        last.logged_in();
+        drop((newcomer, last));
+        assert_eq!(limits.open_connections(), 0);
+        let counts = limits.counts.lock().unwrap();
+        assert_eq!((counts.unauthenticated, counts.silent.len()), (0, 0), "nothing leaks");
     }
 }
