@@ -80,7 +80,10 @@ async fn hostile(args: &HostileArgs) -> Result<(), String> {
     // measured on their own below.
     let producers = wire::connect_all(&args.load).await?;
     let outcomes: Outcomes = Arc::default();
-    let peak = Arc::new(Mutex::new(rss_before.unwrap_or(0.0)));
+    // The baseline's own writing grows the broker (journal buffer, indexes); the attack is
+    // measured from here.
+    let rss_attack_start = args.pid.and_then(resident_mib);
+    let peak = Arc::new(Mutex::new(rss_attack_start.unwrap_or(0.0)));
     let mut attack = JoinSet::new();
     spawn_attack(args, target, &outcomes, &mut attack);
     if let Some(pid) = args.pid {
@@ -119,10 +122,11 @@ async fn hostile(args: &HostileArgs) -> Result<(), String> {
         attacked.ack_p99_us as f64 / 1000.0
     );
     println!("  a legitimate login under attack: {logins}");
-    if let (Some(before), Some(after)) = (rss_before, rss_after) {
+    if let (Some(before), Some(start), Some(after)) = (rss_before, rss_attack_start, rss_after) {
         let peak = *peak.lock().expect("peak lock");
         println!(
-            "  broker RSS    before {before:.0} MiB, peak {peak:.0} MiB, after {after:.0} MiB"
+            "  broker RSS    before the baseline {before:.0} MiB, as the attack starts {start:.0} \
+             MiB, peak {peak:.0} MiB, after {after:.0} MiB"
         );
     }
     let outcomes = outcomes.lock().expect("outcomes lock");
