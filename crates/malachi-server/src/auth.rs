@@ -35,12 +35,14 @@ pub(crate) async fn authenticate(
 ) -> Option<Session> {
     let wait = Duration::from_millis(broker.config().auth_timeout_ms);
     // Until its first frame is whole, a newcomer may evict this connection (limits.rs).
+    // Eviction first: an evicted slot has already given up its place.
     let next = tokio::select! {
-        next = tokio::time::timeout(wait, frames.next()) => next,
+        biased;
         () = slot.evicted() => {
             let _ = write_frame(writer, &ResponseFrame::error(0, Reason::Overloaded), shared).await;
             return None;
         }
+        next = tokio::time::timeout(wait, frames.next()) => next,
     };
     let body = match next {
         Ok(Some(Ok(body))) => body,

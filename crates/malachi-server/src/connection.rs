@@ -87,9 +87,10 @@ pub(crate) async fn serve(
             Some(tls) => {
                 let wait = Duration::from_millis(broker.config().auth_timeout_ms);
                 let accepted = tokio::select! {
-                    accepted = tls.accept(stream, wait) => accepted,
+                    biased;
                     // Evicted mid-handshake by a newcomer (limits.rs): nothing to answer on.
                     () = slot.evicted() => return,
+                    accepted = tls.accept(stream, wait) => accepted,
                 };
                 match accepted {
                     Ok(Accepted::Tls(stream, transport)) => {
