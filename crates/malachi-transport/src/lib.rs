@@ -1,0 +1,452 @@
+//! The inter-node transport: how brokers call each other.
+//!
+//! Each broker keeps one TCP connection to each peer it calls (opened on first use, reopened
+//! after a failure) and multiplexes every call over it: the messages of every Raft group and the
+//! cluster's control calls (join). Calls carry an id; answers come back in any order. The peer
+//! answers on the same connection, so a pair of brokers holds at most two connections, one
+//! opened by each side.
+//!
+//! A connection starts with a hello each way (`frame.rs`): the peer's node id and cluster id
+//! are checked before any call is read, so a broker of another cluster, or another node than the
+//! address book promised, is refused with a reason, never served.
+//!
+//! This crate decides nothing: the receiving broker's [`Handler`] does. It implements
+//! `malachi_consensus::GroupTransport`, so Raft groups send through it without knowing TCP; the
+//! simulator has its own transport beside it.
+
+pub mod frame;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use malachi_consensus::{GroupTransport, RaftMessage, TransportError, TransportFuture};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+pub use frame::{Frame, FrameError, Hello, Request, Service};
+
+/// How long a connect plus the hello exchange may take.
+pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Frames queued for one connection's writer before senders wait.
+const WRITE_QUEUE_FRAMES: usize = 1024;
+/// A refusal reason longer than this is cut.
+const REASON_BYTES_MAX: usize = 1024;
+
+/// The future a handler returns: the answer's payload, or why the call failed.
+pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+
+/// The receiving broker's side: answers the calls peers make.
+pub trait Handler: Send + Sync + 'static {
+    fn handle(&self, request: Request) -> HandlerFuture;
+}
+
+/// Why a call got no answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// No address is known for the node, or the connection could not be made or broke.
+    #[error("node {node}: unreachable: {detail}")]
+    Unreachable { node: String, detail: String },
+    /// The peer refused the connection at the hello (another cluster, another node id).
+    #[error("refused by {node}: {reason}")]
+    Refused { node: String, reason: String },
+    #[error("no answer in time")]
+    Timeout,
+    /// The peer's handler failed the call.
+    #[error("the peer failed the call: {0}")]
+    Failed(String),
+}
+
+/// This broker's end of the inter-node transport. Cheap to clone.
+#[derive(Clone)]
+pub struct Transport {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node_id: u64,
+    /// Empty until the node belongs to a cluster (a joiner learns it from its seed).
+    cluster_id: RwLock<String>,
+    /// Where each peer's inter-node port is, by node id.
+    addresses: RwLock<BTreeMap<u64, String>>,
+    /// One slot per peer; the async lock makes concurrent first calls share one connect.
+    links: Mutex<BTreeMap<u64, Arc<tokio::sync::Mutex<Option<Arc<Link>>>>>>,
+    handler: RwLock<Option<Arc<dyn Handler>>>,
+    next_call_id: AtomicU64,
+}
+
+/// One open connection this broker made to a peer.
+struct Link {
+    writer: mpsc::Sender<Vec<u8>>,
+    pending: Mutex<BTreeMap<u64, oneshot::Sender<Result<Vec<u8>, CallError>>>>,
+    closed: AtomicBool,
+}
+
+impl Transport {
+    /// `cluster_id` is empty for a node that has not joined yet.
+    pub fn new(node_id: u64, cluster_id: &str) -> Transport {
+        assert!(cluster_id.len() <= frame::CLUSTER_ID_BYTES_MAX, "cluster id too long");
+        Transport {
+            inner: Arc::new(Inner {
+                node_id,
+                cluster_id: RwLock::new(cluster_id.to_string()),
+                addresses: RwLock::new(BTreeMap::new()),
+                links: Mutex::new(BTreeMap::new()),
+                handler: RwLock::new(None),
+                next_call_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    pub fn cluster_id(&self) -> String {
+        self.inner.cluster_id.read().expect("cluster id lock").clone()
+    }
+
+    /// Adopts the cluster id a joiner learned from its seed.
+    pub fn set_cluster_id(&self, cluster_id: &str) {
+        assert!(cluster_id.len() <= frame::CLUSTER_ID_BYTES_MAX, "cluster id too long");
+        *self.inner.cluster_id.write().expect("cluster id lock") = cluster_id.to_string();
+    }
+
+    pub fn set_handler(&self, handler: Arc<dyn Handler>) {
+        *self.inner.handler.write().expect("handler lock") = Some(handler);
+    }
+
+    /// Records where `node_id` listens. A changed address drops the old connection.
+    pub fn set_address(&self, node_id: u64, address: &str) {
+        let previous = self
+            .inner
+            .addresses
+            .write()
+            .expect("address lock")
+            .insert(node_id, address.to_string());
+        if previous.is_some_and(|previous| previous != address) {
+            self.inner.links.lock().expect("links lock").remove(&node_id);
+        }
+    }
+
+    pub fn address(&self, node_id: u64) -> Option<String> {
+        self.inner.addresses.read().expect("address lock").get(&node_id).cloned()
+    }
+
+    /// Calls `target` and waits at most `timeout` for its answer.
+    pub async fn call(
+        &self,
+        target: u64,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, CallError> {
+        match tokio::time::timeout(timeout, self.call_inner(target, request)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    async fn call_inner(&self, target: u64, request: Request) -> Result<Vec<u8>, CallError> {
+        let link = self.link(target).await?;
+        let id = self.inner.next_call_id.fetch_add(1, Ordering::Relaxed);
+        let (answer_tx, answer_rx) = oneshot::channel();
+        link.pending.lock().expect("pending lock").insert(id, answer_tx);
+        // A closed link after the insert: its reader has drained `pending` or will not see
+        // this entry, so fail it here rather than wait for the timeout.
+        if link.closed.load(Ordering::Acquire) {
+            link.pending.lock().expect("pending lock").remove(&id);
+            return Err(unreachable(target, "connection closed"));
+        }
+        let bytes = frame::encode_frame(&Frame::Request { id, request });
+        if link.writer.send(bytes).await.is_err() {
+            link.pending.lock().expect("pending lock").remove(&id);
+            return Err(unreachable(target, "connection closed"));
+        }
+        answer_rx.await.unwrap_or_else(|_| Err(unreachable(target, "connection closed")))
+    }
+
+    /// Calls whoever listens at `address` on a connection of its own, closed after the answer:
+    /// how a joiner reaches a seed whose node id it does not know yet. Returns the peer's hello
+    /// and its answer.
+    pub async fn call_address(
+        &self,
+        address: &str,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<(Hello, Vec<u8>), CallError> {
+        let call = async {
+            let (hello, link) = self.connect(address, None).await?;
+            let id = self.inner.next_call_id.fetch_add(1, Ordering::Relaxed);
+            let (answer_tx, answer_rx) = oneshot::channel();
+            link.pending.lock().expect("pending lock").insert(id, answer_tx);
+            let bytes = frame::encode_frame(&Frame::Request { id, request });
+            link.writer.send(bytes).await.map_err(|_| unreachable(address, "connection closed"))?;
+            let answer = answer_rx.await.map_err(|_| unreachable(address, "connection closed"))?;
+            Ok((hello, answer?))
+        };
+        match tokio::time::timeout(timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    /// The open link to `target`, connecting if there is none.
+    async fn link(&self, target: u64) -> Result<Arc<Link>, CallError> {
+        let slot =
+            Arc::clone(self.inner.links.lock().expect("links lock").entry(target).or_default());
+        let mut slot = slot.lock().await;
+        if let Some(link) = slot.as_ref().filter(|link| !link.closed.load(Ordering::Acquire)) {
+            return Ok(Arc::clone(link));
+        }
+        let address = self
+            .address(target)
+            .ok_or_else(|| unreachable(target, "no address known for this node"))?;
+        let (_, link) = self.connect(&address, Some(target)).await?;
+        *slot = Some(Arc::clone(&link));
+        Ok(link)
+    }
+
+    /// Connects to `address`, exchanges hellos (checking the peer is `expected` when given, and
+    /// of this node's cluster) and starts the link's reader and writer.
+    async fn connect(
+        &self,
+        address: &str,
+        expected: Option<u64>,
+    ) -> Result<(Hello, Arc<Link>), CallError> {
+        let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
+        let connect = async {
+            let mut stream = TcpStream::connect(address)
+                .await
+                .map_err(|error| unreachable(address, error.to_string()))?;
+            let _ = stream.set_nodelay(true);
+            let hello = Hello { node_id: self.inner.node_id, cluster_id: self.cluster_id() };
+            stream
+                .write_all(&frame::encode_hello(&hello))
+                .await
+                .map_err(|error| unreachable(address, error.to_string()))?;
+            let peer = read_hello_answer(&mut stream, address).await?;
+            Ok::<_, CallError>((stream, peer))
+        };
+        let (stream, peer) = tokio::time::timeout(timeout, connect)
+            .await
+            .map_err(|_| unreachable(address, "connect timed out"))??;
+        let ours = self.cluster_id();
+        if !ours.is_empty() && peer.cluster_id != ours {
+            return Err(CallError::Refused {
+                node: address.to_string(),
+                reason: format!(
+                    "it belongs to cluster {:?}, this broker to {ours:?}",
+                    peer.cluster_id
+                ),
+            });
+        }
+        if let Some(expected) = expected.filter(|&expected| expected != peer.node_id) {
+            return Err(CallError::Refused {
+                node: address.to_string(),
+                reason: format!("it is node {}, not node {expected}", peer.node_id),
+            });
+        }
+        let (read, write) = stream.into_split();
+        let (writer, queue) = mpsc::channel(WRITE_QUEUE_FRAMES);
+        let link = Arc::new(Link {
+            writer,
+            pending: Mutex::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
+        });
+        tokio::spawn(write_frames(write, queue));
+        tokio::spawn(read_answers(read, Arc::clone(&link), address.to_string()));
+        Ok((peer, link))
+    }
+
+    /// Accepts peers' connections on `listener` until the task is dropped.
+    pub async fn serve(self, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, from)) => {
+                    let transport = self.clone();
+                    tokio::spawn(async move {
+                        if let Err(error) = transport.serve_connection(stream).await {
+                            tracing::debug!(%from, %error, "inter-node connection ended");
+                        }
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accepting an inter-node connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve_connection(&self, mut stream: TcpStream) -> Result<(), String> {
+        let _ = stream.set_nodelay(true);
+        let hello = tokio::time::timeout(
+            Duration::from_millis(CONNECT_TIMEOUT_MS),
+            read_hello(&mut stream),
+        )
+        .await
+        .map_err(|_| "no hello in time".to_string())?
+        .map_err(|error| error.to_string())?;
+        let ours = self.cluster_id();
+        let refusal = if ours.is_empty() {
+            Some("this broker has not joined a cluster yet".to_string())
+        } else if !hello.cluster_id.is_empty() && hello.cluster_id != ours {
+            Some(format!(
+                "this broker belongs to cluster {ours}, the caller (node {}) to {}",
+                hello.node_id, hello.cluster_id
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refusal {
+            let mut answer = vec![1u8];
+            let reason = &reason.as_bytes()[..reason.len().min(REASON_BYTES_MAX)];
+            answer.extend_from_slice(&(reason.len() as u16).to_le_bytes());
+            answer.extend_from_slice(reason);
+            let _ = stream.write_all(&answer).await;
+            return Err(format!(
+                "refused node {}: {}",
+                hello.node_id,
+                String::from_utf8_lossy(reason)
+            ));
+        }
+        let mut answer = vec![0u8];
+        answer.extend_from_slice(&frame::encode_hello(&Hello {
+            node_id: self.inner.node_id,
+            cluster_id: ours,
+        }));
+        stream.write_all(&answer).await.map_err(|error| error.to_string())?;
+        let (mut read, write) = stream.into_split();
+        let (writer, queue) = mpsc::channel(WRITE_QUEUE_FRAMES);
+        tokio::spawn(write_frames(write, queue));
+        loop {
+            let frame = read_frame(&mut read).await.map_err(|error| error.to_string())?;
+            let Frame::Request { id, request } = frame else {
+                return Err("a peer sent an answer on a connection it opened".to_string());
+            };
+            let handler = self.inner.handler.read().expect("handler lock").clone();
+            let writer = writer.clone();
+            tokio::spawn(async move {
+                let answer = match handler {
+                    Some(handler) => handler.handle(request).await,
+                    None => Err("this broker is still starting".to_string()),
+                };
+                let frame = match answer {
+                    Ok(payload) => Frame::Answer { id, payload },
+                    Err(reason) => Frame::Failure { id, reason },
+                };
+                let _ = writer.send(frame::encode_frame(&frame)).await;
+            });
+        }
+    }
+}
+
+impl GroupTransport for Transport {
+    fn send(&self, message: RaftMessage) -> TransportFuture {
+        let transport = self.clone();
+        Box::pin(async move {
+            let request = Request {
+                service: Service::Raft,
+                group_id: message.group_id,
+                kind: message.kind.code(),
+                source_node_id: message.source_node_id,
+                payload: message.payload,
+            };
+            let timeout = Duration::from_millis(message.timeout_ms.max(1));
+            transport.call(message.target_node_id, request, timeout).await.map_err(|error| {
+                match error {
+                    CallError::Timeout => TransportError::Timeout,
+                    CallError::Failed(reason) => TransportError::Failed(reason),
+                    other => TransportError::Unreachable(other.to_string()),
+                }
+            })
+        })
+    }
+}
+
+fn unreachable(node: impl std::fmt::Display, detail: impl Into<String>) -> CallError {
+    CallError::Unreachable { node: node.to_string(), detail: detail.into() }
+}
+
+async fn read_hello(stream: &mut TcpStream) -> Result<Hello, FrameError> {
+    let mut fixed = [0u8; frame::HELLO_FIXED_BYTES];
+    stream.read_exact(&mut fixed).await.map_err(|_| FrameError::Truncated("hello"))?;
+    let (node_id, id_len) = frame::decode_hello_fixed(&fixed)?;
+    let mut id = vec![0u8; id_len];
+    stream.read_exact(&mut id).await.map_err(|_| FrameError::Truncated("hello"))?;
+    Ok(Hello { node_id, cluster_id: frame::decode_text(id)? })
+}
+
+async fn read_hello_answer(stream: &mut TcpStream, address: &str) -> Result<Hello, CallError> {
+    let broken = |error: String| unreachable(address, error);
+    let status = stream.read_u8().await.map_err(|error| broken(error.to_string()))?;
+    if status == 0 {
+        return read_hello(stream).await.map_err(|error| broken(error.to_string()));
+    }
+    let len = stream.read_u16_le().await.map_err(|error| broken(error.to_string()))?;
+    let mut reason = vec![0u8; usize::from(len)];
+    stream.read_exact(&mut reason).await.map_err(|error| broken(error.to_string()))?;
+    Err(CallError::Refused {
+        node: address.to_string(),
+        reason: String::from_utf8_lossy(&reason).into_owned(),
+    })
+}
+
+async fn read_frame(read: &mut OwnedReadHalf) -> Result<Frame, FrameError> {
+    let mut prefix = [0u8; 4];
+    read.read_exact(&mut prefix).await.map_err(|_| FrameError::Truncated("frame length"))?;
+    let len = frame::frame_body_len(prefix)?;
+    let mut body = vec![0u8; len];
+    read.read_exact(&mut body).await.map_err(|_| FrameError::Truncated("frame body"))?;
+    frame::decode_frame(body)
+}
+
+/// Writes queued frames, flushing when the queue runs dry, so a burst goes out in few writes.
+async fn write_frames(write: OwnedWriteHalf, mut queue: mpsc::Receiver<Vec<u8>>) {
+    let mut write = BufWriter::new(write);
+    while let Some(bytes) = queue.recv().await {
+        if write.write_all(&bytes).await.is_err() {
+            return;
+        }
+        while let Ok(bytes) = queue.try_recv() {
+            if write.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+        if write.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Hands answers to their callers until the connection breaks, then fails every call waiting
+/// on it.
+async fn read_answers(mut read: OwnedReadHalf, link: Arc<Link>, address: String) {
+    let error = loop {
+        let frame = match read_frame(&mut read).await {
+            Ok(frame) => frame,
+            Err(error) => break error.to_string(),
+        };
+        let (id, answer) = match frame {
+            Frame::Answer { id, payload } => (id, Ok(payload)),
+            Frame::Failure { id, reason } => (id, Err(CallError::Failed(reason))),
+            Frame::Request { .. } => break "the peer sent a request on our connection".into(),
+        };
+        if let Some(waiter) = link.pending.lock().expect("pending lock").remove(&id) {
+            let _ = waiter.send(answer);
+        }
+    };
+    link.closed.store(true, Ordering::Release);
+    let waiting = std::mem::take(&mut *link.pending.lock().expect("pending lock"));
+    for (_, waiter) in waiting {
+        let _ = waiter.send(Err(unreachable(&address, error.clone())));
+    }
+}
+
+#[cfg(test)]
+mod tests;
