@@ -75,15 +75,20 @@ struct Inner {
     /// Where each peer's inter-node port is, by node id.
     addresses: RwLock<BTreeMap<u64, String>>,
     /// One slot per peer; the async lock makes concurrent first calls share one connect.
-    links: Mutex<BTreeMap<u64, Arc<tokio::sync::Mutex<Option<Arc<Link>>>>>>,
+    links: Mutex<BTreeMap<u64, LinkSlot>>,
     handler: RwLock<Option<Arc<dyn Handler>>>,
     next_call_id: AtomicU64,
 }
 
+/// A peer's link, if open; the async lock makes concurrent first calls share one connect.
+type LinkSlot = Arc<tokio::sync::Mutex<Option<Arc<Link>>>>;
+/// Where a call's answer goes.
+type Waiter = oneshot::Sender<Result<Vec<u8>, CallError>>;
+
 /// One open connection this broker made to a peer.
 struct Link {
     writer: mpsc::Sender<Vec<u8>>,
-    pending: Mutex<BTreeMap<u64, oneshot::Sender<Result<Vec<u8>, CallError>>>>,
+    pending: Mutex<BTreeMap<u64, Waiter>>,
     closed: AtomicBool,
 }
 
