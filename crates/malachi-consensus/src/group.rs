@@ -17,6 +17,7 @@ use openraft::error::InitializeError;
 use openraft::error::RaftError;
 use openraft::metrics::WaitError;
 use openraft::type_config::TypeConfigExt;
+use serde::Deserialize;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -31,6 +32,7 @@ use crate::network::GroupNetwork;
 use crate::network::GroupTransport;
 use crate::network::MessageKind;
 use crate::network::NoPeers;
+use crate::network::TransportError;
 use crate::network::decode_snapshot;
 use crate::store::GroupStore;
 use crate::type_config::Command;
@@ -50,6 +52,9 @@ pub struct GroupConfig {
     pub election_timeout_max_ms: u64,
     /// How long [`RaftGroup::open`] waits for this node to lead and to have applied the log.
     pub open_wait_ms: u64,
+    /// How long [`RaftGroup::propose`] keeps looking for a leader (elections, forwarding
+    /// refused by a node that just lost leadership) before it answers `NotLeader`.
+    pub propose_wait_ms: u64,
 }
 
 impl Default for GroupConfig {
@@ -60,6 +65,7 @@ impl Default for GroupConfig {
             election_timeout_min_ms: 150,
             election_timeout_max_ms: 300,
             open_wait_ms: 10_000,
+            propose_wait_ms: 5_000,
         }
     }
 }
@@ -100,7 +106,31 @@ pub struct RaftGroup<M: StateMachine> {
     /// Alive while any clone of the group's `GroupLog` or `GroupMachine` is.
     liveness: Weak<()>,
     store: GroupStore,
+    transport: Arc<dyn GroupTransport>,
+    propose_wait_ms: u64,
 }
+
+/// How a group starts on this node when its store holds no membership yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstBoot {
+    /// Become the group's only voter (a single broker, or the first broker of a cluster).
+    Initialize,
+    /// Wait to be added by the group's leader (a broker joining a cluster).
+    AwaitLeader,
+}
+
+/// A forwarded write's outcome, as the leader answers it.
+#[derive(Serialize, Deserialize)]
+enum Forwarded<R> {
+    Applied { response: R, log_index: u64 },
+    NotLeader { leader_hint: Option<u64> },
+    OutcomeUnknown { leader_hint: Option<u64> },
+    Failed { detail: String },
+}
+
+/// Sleeps between attempts to find a leader: the first few are short (a leader is usually
+/// known within an election timeout), then they grow to this.
+const PROPOSE_RETRY_MS_MAX: u64 = 200;
 
 impl<M: StateMachine> RaftGroup<M> {
     /// Opens group `group_id` as node `node_id` with no peers (see [`NoPeers`]).
@@ -116,16 +146,31 @@ impl<M: StateMachine> RaftGroup<M> {
         node_id: u64,
         config: GroupConfig,
     ) -> Result<RaftGroup<M>, ConsensusError> {
-        Self::open_with_transport(store, group_id, node_id, config, Arc::new(NoPeers)).await
+        let transport: Arc<dyn GroupTransport> = Arc::new(NoPeers);
+        Self::open_with_transport(
+            store,
+            group_id,
+            node_id,
+            config,
+            transport,
+            FirstBoot::Initialize,
+        )
+        .await
     }
 
     /// [`RaftGroup::open`] with the transport that reaches this group's peers.
+    ///
+    /// A group whose only voter is this node returns once it leads with its log applied, as
+    /// [`RaftGroup::open`] does. A group with other voters, or none yet (`AwaitLeader` on a
+    /// first boot), returns as soon as openraft runs: its leader is elected, or adds this node,
+    /// with the peers' help, and reads are local until then.
     pub async fn open_with_transport(
         store: &GroupStore,
         group_id: u64,
         node_id: u64,
         config: GroupConfig,
         transport: Arc<dyn GroupTransport>,
+        first_boot: FirstBoot,
     ) -> Result<RaftGroup<M>, ConsensusError> {
         let raft_config = Arc::new(config.to_openraft(group_id)?);
         let liveness = Arc::new(());
@@ -133,7 +178,7 @@ impl<M: StateMachine> RaftGroup<M> {
         let machine = GroupMachine::<M>::new(store.clone(), group_id, Arc::clone(&liveness));
         let applied = machine.applied();
         let log = GroupLog::<M>::new(store.clone(), group_id, liveness);
-        let network = GroupNetwork::<M>::new(group_id, node_id, transport);
+        let network = GroupNetwork::<M>::new(group_id, node_id, Arc::clone(&transport));
         let raft = openraft::Raft::new(node_id, raft_config, network, log, machine)
             .await
             .map_err(|fatal| fatal_error(store, fatal))?;
@@ -144,8 +189,10 @@ impl<M: StateMachine> RaftGroup<M> {
             applied,
             liveness: weak_liveness,
             store: store.clone(),
+            transport,
+            propose_wait_ms: config.propose_wait_ms,
         };
-        let started = group.start(config.open_wait_ms).await;
+        let started = group.start(config.open_wait_ms, first_boot).await;
         if let Err(error) = started {
             // Do not leave a half-open group running against the store.
             let _ = group.shutdown().await;
@@ -156,15 +203,170 @@ impl<M: StateMachine> RaftGroup<M> {
     }
 
     /// Proposes `command`; returns the machine's response once the entry is committed (fsynced
-    /// in the store) and applied.
+    /// by a quorum of the group's voters) and applied on this node.
+    ///
+    /// On a node that does not lead the group the command is forwarded to the leader, and the
+    /// answer waits until this node has applied the entry too, so a read here right after sees
+    /// the write. While no leader is known (an election) it retries for up to
+    /// `propose_wait_ms`, then answers `NotLeader`.
     pub async fn propose(&self, command: M::Command) -> Result<M::Response, ConsensusError> {
+        let mut waited_ms = 0;
+        let mut attempt = 0u32;
+        loop {
+            let error = match self.propose_here(command.clone()).await {
+                Ok((response, _)) => return Ok(response),
+                Err(ConsensusError::NotLeader { leader_hint: Some(leader) })
+                    if leader != self.node_id =>
+                {
+                    match self.forward(leader, &command).await {
+                        Ok((response, log_index)) => {
+                            self.wait_applied(log_index).await?;
+                            return Ok(response);
+                        }
+                        Err(error) => error,
+                    }
+                }
+                Err(error) => error,
+            };
+            if !matches!(error, ConsensusError::NotLeader { .. })
+                || waited_ms >= self.propose_wait_ms
+            {
+                return Err(error);
+            }
+            let pause_ms = (10u64 << attempt.min(5)).min(PROPOSE_RETRY_MS_MAX);
+            attempt += 1;
+            waited_ms += pause_ms;
+            Config::<M>::sleep(Duration::from_millis(pause_ms)).await;
+        }
+    }
+
+    /// Proposes on this node only; with the entry's log index.
+    async fn propose_here(
+        &self,
+        command: M::Command,
+    ) -> Result<(M::Response, u64), ConsensusError> {
         match self.raft.client_write(Command(command)).await {
-            Ok(written) => written.data.ok_or_else(|| {
-                ConsensusError::Internal("a command entry was applied without a response".into())
-            }),
+            Ok(written) => {
+                let index = written.log_id.index();
+                let response = written.data.ok_or_else(|| {
+                    ConsensusError::Internal(
+                        "a command entry was applied without a response".into(),
+                    )
+                })?;
+                Ok((response, index))
+            }
             Err(RaftError::APIError(error)) => Err(write_error(error)),
             Err(RaftError::Fatal(fatal)) => Err(fatal_error(&self.store, fatal)),
         }
+    }
+
+    /// Sends `command` to `leader` to propose there. A leader that cannot be reached, or that
+    /// no longer leads, answers `NotLeader` (retried by the caller); a call lost after it was
+    /// sent is `OutcomeUnknown`, since the leader may have committed it.
+    async fn forward(
+        &self,
+        leader: u64,
+        command: &M::Command,
+    ) -> Result<(M::Response, u64), ConsensusError> {
+        let payload = serde_json::to_vec(command)
+            .map_err(|error| ConsensusError::Internal(error.to_string()))?;
+        let message = crate::network::RaftMessage {
+            group_id: self.group_id,
+            source_node_id: self.node_id,
+            target_node_id: leader,
+            kind: MessageKind::ClientWrite,
+            timeout_ms: self.propose_wait_ms,
+            payload,
+        };
+        let answer = match self.transport.send(message).await {
+            Ok(answer) => answer,
+            Err(TransportError::Unreachable(detail)) => {
+                tracing::debug!(group_id = self.group_id, leader, %detail, "leader unreachable");
+                return Err(ConsensusError::NotLeader { leader_hint: None });
+            }
+            Err(TransportError::Failed(detail)) => {
+                tracing::debug!(group_id = self.group_id, leader, %detail, "forward failed");
+                return Err(ConsensusError::NotLeader { leader_hint: None });
+            }
+            Err(TransportError::Timeout | TransportError::Lost(_)) => {
+                return Err(ConsensusError::OutcomeUnknown { leader_hint: Some(leader) });
+            }
+        };
+        match decode_message::<Forwarded<M::Response>>(&answer)? {
+            Forwarded::Applied { response, log_index } => Ok((response, log_index)),
+            // A hint pointing back here, or at the node that refused, would loop: drop it.
+            Forwarded::NotLeader { leader_hint } => Err(ConsensusError::NotLeader {
+                leader_hint: leader_hint.filter(|&hint| hint != leader),
+            }),
+            Forwarded::OutcomeUnknown { leader_hint } => {
+                Err(ConsensusError::OutcomeUnknown { leader_hint })
+            }
+            Forwarded::Failed { detail } => Err(ConsensusError::Internal(detail)),
+        }
+    }
+
+    /// Waits until this node applied the entry at `log_index` (bounded by `propose_wait_ms`).
+    async fn wait_applied(&self, log_index: u64) -> Result<(), ConsensusError> {
+        let wait = self.raft.wait(Some(Duration::from_millis(self.propose_wait_ms)));
+        match wait.applied_index_at_least(Some(log_index), "forwarded write applied").await {
+            Ok(_) => Ok(()),
+            Err(WaitError::Timeout(..)) => Err(ConsensusError::Timeout {
+                waited_ms: self.propose_wait_ms,
+                waiting_for: "this node to apply a write its leader committed",
+            }),
+            Err(WaitError::ShuttingDown) => Err(stopped_error(&self.store)),
+        }
+    }
+
+    /// Adds `node_id` to the group, as a learner that is caught up first, then (when
+    /// `as_voter`) as a voter. Only on the leader; elsewhere `NotLeader` with a hint.
+    pub async fn add_member(&self, node_id: u64, as_voter: bool) -> Result<(), ConsensusError> {
+        let node = openraft::EmptyNode {};
+        if !self.voters().contains(&node_id) {
+            self.raft
+                .add_learner(node_id, node, true)
+                .await
+                .map_err(|error| self.write_failure(error))?;
+        }
+        if as_voter && !self.voters().contains(&node_id) {
+            let change = openraft::ChangeMembers::AddVoterIds(BTreeSet::from([node_id]));
+            self.raft
+                .change_membership(change, false)
+                .await
+                .map_err(|error| self.write_failure(error))?;
+        }
+        Ok(())
+    }
+
+    fn write_failure(
+        &self,
+        error: RaftError<Config<M>, ClientWriteError<Config<M>>>,
+    ) -> ConsensusError {
+        match error {
+            RaftError::APIError(error) => write_error(error),
+            RaftError::Fatal(fatal) => fatal_error(&self.store, fatal),
+        }
+    }
+
+    /// The group's voters in its latest membership this node knows.
+    pub fn voters(&self) -> BTreeSet<u64> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.membership_config.membership().voter_ids().collect()
+    }
+
+    /// The group's learners in its latest membership this node knows.
+    pub fn learners(&self) -> BTreeSet<u64> {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.membership_config.membership().learner_ids().collect()
+    }
+
+    /// The leader this node knows of, and the term it knows.
+    pub fn leader(&self) -> (Option<u64>, u64) {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        (metrics.current_leader, metrics.current_term)
     }
 
     /// Runs `read` on the applied state. Local: on a follower, or right after a leader change,
@@ -218,6 +420,20 @@ impl<M: StateMachine> RaftGroup<M> {
                 let answer = self.raft.install_full_snapshot(vote, snapshot).await;
                 encode_message(&answer.map_err(|fatal| fatal_error(store, fatal))?)
             }
+            MessageKind::ClientWrite => {
+                let command: M::Command = decode_message(payload)?;
+                let answer = match self.propose_here(command).await {
+                    Ok((response, log_index)) => Forwarded::Applied { response, log_index },
+                    Err(ConsensusError::NotLeader { leader_hint }) => {
+                        Forwarded::NotLeader { leader_hint }
+                    }
+                    Err(ConsensusError::OutcomeUnknown { leader_hint }) => {
+                        Forwarded::OutcomeUnknown { leader_hint }
+                    }
+                    Err(error) => Forwarded::Failed { detail: error.to_string() },
+                };
+                encode_message(&answer)
+            }
         }
     }
 
@@ -242,11 +458,15 @@ impl<M: StateMachine> RaftGroup<M> {
         })
     }
 
-    async fn start(&self, open_wait_ms: u64) -> Result<(), ConsensusError> {
+    async fn start(&self, open_wait_ms: u64, first_boot: FirstBoot) -> Result<(), ConsensusError> {
         // openraft's own test of a first boot: no membership in the log or the snapshot. (A
         // vote alone, from a crash inside `initialize`, does not count.)
         let initialized = self.raft.is_initialized().await;
-        if !initialized.map_err(|fatal| fatal_error(&self.store, fatal))? {
+        let initialized = initialized.map_err(|fatal| fatal_error(&self.store, fatal))?;
+        if !initialized && first_boot == FirstBoot::AwaitLeader {
+            return Ok(());
+        }
+        if !initialized {
             let members = BTreeSet::from([self.node_id]);
             match self.raft.initialize(members).await {
                 Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
@@ -255,6 +475,10 @@ impl<M: StateMachine> RaftGroup<M> {
                 }
                 Err(RaftError::Fatal(fatal)) => return Err(fatal_error(&self.store, fatal)),
             }
+        } else if self.voters() != BTreeSet::from([self.node_id]) {
+            // Other voters: an election needs them, and waiting here for one would keep a
+            // restarted broker from serving reads of what it already has.
+            return Ok(());
         }
         self.wait_until_serving(open_wait_ms).await
     }

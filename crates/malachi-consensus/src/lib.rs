@@ -50,6 +50,7 @@ mod tests;
 pub use backend::StorageFileBackend;
 pub use error::ConsensusError;
 pub use error::StoreError;
+pub use group::FirstBoot;
 pub use group::GroupConfig;
 pub use group::RaftGroup;
 pub use machine::StateMachine;

@@ -78,6 +78,9 @@ pub enum MessageKind {
     Vote = 2,
     PreVote = 3,
     FullSnapshot = 4,
+    /// A client write this node forwards to the group's leader (not a Raft RPC): the command's
+    /// JSON; the answer is a `Forwarded` in JSON.
+    ClientWrite = 5,
 }
 
 impl MessageKind {
@@ -91,6 +94,7 @@ impl MessageKind {
             2 => Some(MessageKind::Vote),
             3 => Some(MessageKind::PreVote),
             4 => Some(MessageKind::FullSnapshot),
+            5 => Some(MessageKind::ClientWrite),
             _ => None,
         }
     }
@@ -108,6 +112,10 @@ pub enum TransportError {
     /// The peer answered with an error (its group is not open, shut down, ...).
     #[error("peer failed: {0}")]
     Failed(String),
+    /// The message was sent, and the connection broke before an answer: it may have been acted
+    /// on.
+    #[error("connection lost after sending: {0}")]
+    Lost(String),
 }
 
 /// The transport of a node that has no peers: every message is unreachable. A single-voter
@@ -179,7 +187,9 @@ impl<M: StateMachine> GroupPeer<M> {
         };
         self.transport.send(message).await.map_err(|error| match error {
             TransportError::Unreachable(_) => RPCError::Unreachable(Unreachable::new(&error)),
-            TransportError::Failed(_) => RPCError::Unreachable(Unreachable::new(&error)),
+            TransportError::Failed(_) | TransportError::Lost(_) => {
+                RPCError::Unreachable(Unreachable::new(&error))
+            }
             TransportError::Timeout => RPCError::Timeout(Timeout {
                 action: rpc_type(kind),
                 id: self.source_node_id,
@@ -254,6 +264,7 @@ fn rpc_type(kind: MessageKind) -> RPCTypes {
         MessageKind::AppendEntries => RPCTypes::AppendEntries,
         MessageKind::Vote | MessageKind::PreVote => RPCTypes::Vote,
         MessageKind::FullSnapshot => RPCTypes::InstallSnapshot,
+        MessageKind::ClientWrite => RPCTypes::AppendEntries,
     }
 }
 

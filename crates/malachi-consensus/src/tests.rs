@@ -16,12 +16,17 @@ use serde::Deserialize;
 use serde::Serialize;
 
 use crate::ConsensusError;
+use crate::FirstBoot;
 use crate::GroupConfig;
 use crate::GroupStore;
+use crate::GroupTransport;
 use crate::MessageKind;
 use crate::RaftGroup;
+use crate::RaftMessage;
 use crate::StateMachine;
 use crate::StoreError;
+use crate::TransportError;
+use crate::TransportFuture;
 use crate::group_machine::GroupMachine;
 use crate::log_store::GroupLog;
 use crate::network::decode_snapshot;
@@ -84,6 +89,7 @@ fn fast_config(snapshot_every_entries: u64) -> GroupConfig {
         election_timeout_min_ms: 50,
         election_timeout_max_ms: 100,
         open_wait_ms: 10_000,
+        propose_wait_ms: 5_000,
     }
 }
 
@@ -372,13 +378,14 @@ fn message_kind_codes_round_trip() {
         (MessageKind::Vote, 2),
         (MessageKind::PreVote, 3),
         (MessageKind::FullSnapshot, 4),
+        (MessageKind::ClientWrite, 5),
     ];
     for (kind, code) in kinds {
         assert_eq!(kind.code(), code);
         assert_eq!(MessageKind::from_code(code), Some(kind));
     }
     assert_eq!(MessageKind::from_code(0), None);
-    assert_eq!(MessageKind::from_code(5), None);
+    assert_eq!(MessageKind::from_code(6), None);
 }
 
 fn log_id(term: u64, node_id: u64, index: u64) -> LogId<Counters> {
@@ -486,4 +493,112 @@ async fn proposals_survive_a_crash(mode: crate::WriterMode) {
     let group = open_group(&store, 3, fast_config(16)).await;
     assert_eq!(group.read(|machine| machine.snapshot()), model.snapshot());
     group.shutdown().await.expect("shutdown");
+}
+
+/// Nodes of one process reaching each other's groups directly; a node taken `down` is
+/// unreachable both ways, as a crashed broker is.
+#[derive(Clone, Default)]
+struct LocalNet {
+    groups: Arc<std::sync::RwLock<BTreeMap<u64, Arc<RaftGroup<Counters>>>>>,
+}
+
+impl LocalNet {
+    fn down(&self, node_id: u64) -> Arc<RaftGroup<Counters>> {
+        self.groups.write().unwrap().remove(&node_id).expect("node was up")
+    }
+}
+
+impl GroupTransport for LocalNet {
+    fn send(&self, message: RaftMessage) -> TransportFuture {
+        let groups = self.groups.read().unwrap();
+        let (Some(_), Some(target)) =
+            (groups.get(&message.source_node_id), groups.get(&message.target_node_id).cloned())
+        else {
+            return Box::pin(async { Err(TransportError::Unreachable("down".into())) });
+        };
+        Box::pin(async move {
+            target
+                .handle_message(message.kind, &message.payload)
+                .await
+                .map_err(|error| TransportError::Failed(error.to_string()))
+        })
+    }
+}
+
+async fn open_member(
+    dir: &tempfile::TempDir,
+    net: &LocalNet,
+    node_id: u64,
+    first_boot: FirstBoot,
+) -> Arc<RaftGroup<Counters>> {
+    let store = GroupStore::open(dir.path().join(format!("node-{node_id}.redb"))).unwrap();
+    let transport: Arc<dyn GroupTransport> = Arc::new(net.clone());
+    let group =
+        RaftGroup::open_with_transport(&store, 7, node_id, fast_config(64), transport, first_boot)
+            .await
+            .unwrap();
+    let group = Arc::new(group);
+    net.groups.write().unwrap().insert(node_id, Arc::clone(&group));
+    group
+}
+
+/// Three voters: writes proposed on a follower are forwarded and readable there at once; the
+/// leader's crash stalls writes only until the others elect a new one.
+#[tokio::test]
+async fn followers_forward_writes_and_survive_the_leaders_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::default();
+    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
+    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
+    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
+    // A joiner is nobody's voter until the leader adds it, and a follower cannot add anyone.
+    assert!(second.voters().is_empty());
+    assert!(matches!(second.add_member(3, true).await, Err(ConsensusError::NotLeader { .. })));
+    first.add_member(2, true).await.unwrap();
+    first.add_member(3, true).await.unwrap();
+    // Adding a voter again changes nothing.
+    first.add_member(3, true).await.unwrap();
+    assert_eq!(first.voters(), [1, 2, 3].into());
+    assert_eq!(first.leader().0, Some(1));
+
+    assert_eq!(third.propose(add("a", 5)).await.unwrap(), 5);
+    // Read-your-writes on the follower that forwarded.
+    assert_eq!(third.read(|counters| counters.counts.get("a").copied()), Some(5));
+    assert_eq!(second.propose(add("a", 1)).await.unwrap(), 6);
+
+    let crashed = net.down(1);
+    crashed.shutdown().await.unwrap();
+    assert_eq!(second.propose(add("a", 1)).await.unwrap(), 7);
+    // The other survivor writes through the new leader (or is it) and sees everything.
+    assert_eq!(third.propose(add("a", 0)).await.unwrap(), 7);
+    let (leader, term) = second.leader();
+    assert!(matches!(leader, Some(2 | 3)), "{leader:?}");
+    assert!(term > 1, "a new election happened");
+    for group in [second, third] {
+        group.shutdown().await.unwrap();
+    }
+}
+
+/// With no quorum reachable, a proposal gives up after `propose_wait_ms` with a typed error,
+/// never hangs.
+#[tokio::test]
+async fn a_minority_refuses_writes_in_bounded_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::default();
+    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
+    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
+    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
+    first.add_member(2, true).await.unwrap();
+    first.add_member(3, true).await.unwrap();
+    for node in [1, 2] {
+        net.down(node).shutdown().await.unwrap();
+    }
+    let refused = third.propose(add("a", 1)).await.unwrap_err();
+    assert!(
+        matches!(refused, ConsensusError::NotLeader { .. } | ConsensusError::OutcomeUnknown { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(third.read(|counters| counters.counts.get("a").copied()), None);
+    third.shutdown().await.unwrap();
+    drop((first, second));
 }

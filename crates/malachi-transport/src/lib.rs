@@ -57,6 +57,10 @@ pub enum CallError {
     Refused { node: String, reason: String },
     #[error("no answer in time")]
     Timeout,
+    /// The call was sent, and the connection broke before its answer: the peer may have
+    /// acted on it.
+    #[error("node {node}: connection lost after the call was sent: {detail}")]
+    Lost { node: String, detail: String },
     /// The peer's handler failed the call.
     #[error("the peer failed the call: {0}")]
     Failed(String),
@@ -172,7 +176,7 @@ impl Transport {
             link.pending.lock().expect("pending lock").remove(&id);
             return Err(unreachable(target, "connection closed"));
         }
-        answer_rx.await.unwrap_or_else(|_| Err(unreachable(target, "connection closed")))
+        answer_rx.await.unwrap_or_else(|_| Err(lost(target, "connection closed")))
     }
 
     /// Calls whoever listens at `address` on a connection of its own, closed after the answer:
@@ -191,7 +195,7 @@ impl Transport {
             link.pending.lock().expect("pending lock").insert(id, answer_tx);
             let bytes = frame::encode_frame(&Frame::Request { id, request });
             link.writer.send(bytes).await.map_err(|_| unreachable(address, "connection closed"))?;
-            let answer = answer_rx.await.map_err(|_| unreachable(address, "connection closed"))?;
+            let answer = answer_rx.await.map_err(|_| lost(address, "connection closed"))?;
             Ok((hello, answer?))
         };
         match tokio::time::timeout(timeout, call).await {
@@ -367,6 +371,7 @@ impl GroupTransport for Transport {
                 match error {
                     CallError::Timeout => TransportError::Timeout,
                     CallError::Failed(reason) => TransportError::Failed(reason),
+                    lost @ CallError::Lost { .. } => TransportError::Lost(lost.to_string()),
                     other => TransportError::Unreachable(other.to_string()),
                 }
             })
@@ -376,6 +381,10 @@ impl GroupTransport for Transport {
 
 fn unreachable(node: impl std::fmt::Display, detail: impl Into<String>) -> CallError {
     CallError::Unreachable { node: node.to_string(), detail: detail.into() }
+}
+
+fn lost(node: impl std::fmt::Display, detail: impl Into<String>) -> CallError {
+    CallError::Lost { node: node.to_string(), detail: detail.into() }
 }
 
 async fn read_hello(stream: &mut TcpStream) -> Result<Hello, FrameError> {
@@ -449,7 +458,7 @@ async fn read_answers(mut read: OwnedReadHalf, link: Arc<Link>, address: String)
     link.closed.store(true, Ordering::Release);
     let waiting = std::mem::take(&mut *link.pending.lock().expect("pending lock"));
     for (_, waiter) in waiting {
-        let _ = waiter.send(Err(unreachable(&address, error.clone())));
+        let _ = waiter.send(Err(lost(&address, error.clone())));
     }
 }
 
