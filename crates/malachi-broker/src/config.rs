@@ -69,7 +69,41 @@ pub struct BrokerConfig {
     pub attributes: BTreeMap<String, String>,
     /// TLS, certificate and token logins, per-user quotas.
     pub security: SecurityConfig,
+    /// How this broker meets the others.
+    pub cluster: ClusterConfig,
 }
+
+/// The cluster settings: where peers reach this broker, and whom to join.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The inter-node port (`MALACHI_CLUSTER_PORT`), on the bind address.
+    pub port: u16,
+    /// The host peers and clients should use for this broker (`MALACHI_ADVERTISE_HOST`;
+    /// default the bind address).
+    pub advertise_host: String,
+    /// Inter-node addresses of brokers to join through (`MALACHI_LOG_NODES`, `host:port`
+    /// separated by commas). Empty: this broker starts a cluster of its own.
+    pub seeds: Vec<String>,
+}
+
+impl ClusterConfig {
+    /// The inter-node address peers dial.
+    pub fn advertised_cluster_address(&self) -> String {
+        join_host_port(&self.advertise_host, self.port)
+    }
+}
+
+/// `host:port`, with an IPv6 host in brackets.
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// The address the client and inter-node ports listen on when nothing chooses one.
+pub const DEFAULT_BIND: &str = "127.0.0.1";
 
 /// The floor the original puts under the segment age threshold.
 pub const SEGMENT_MAX_AGE_MS_MIN: u64 = 60_000;
@@ -143,7 +177,7 @@ impl Sources<'_> {
 impl BrokerConfig {
     pub fn load(sources: &Sources<'_>) -> Result<BrokerConfig, ConfigError> {
         let config = BrokerConfig {
-            bind_address: sources.text("BIND_ADDRESS").unwrap_or_else(|| "127.0.0.1".into()),
+            bind_address: sources.text("BIND_ADDRESS").unwrap_or_else(|| DEFAULT_BIND.into()),
             tcp_port: sources.number("TCP_PORT", 4040)?,
             max_frame_bytes: sources.number("MAX_FRAME_SIZE", 16 * 1024 * 1024)?,
             auth_timeout_ms: sources.number("AUTH_TIMEOUT_MS", 10_000)?,
@@ -187,6 +221,7 @@ impl BrokerConfig {
             node_id: sources.optional("NODE_ID", "a node id of 1 or more")?,
             attributes: attributes(sources)?,
             security: security::load(sources)?,
+            cluster: cluster_config(sources)?,
         };
         config.validate()?;
         Ok(config)
@@ -243,6 +278,38 @@ impl BrokerConfig {
         }
         Ok(())
     }
+}
+
+fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
+    let bind: String = sources.text("BIND_ADDRESS").unwrap_or_else(|| DEFAULT_BIND.to_string());
+    let seeds = match sources.raw("LOG_NODES") {
+        None => Vec::new(),
+        Some((variable, value)) => {
+            let seeds: Vec<String> = value
+                .split(',')
+                .map(str::trim)
+                .filter(|seed| !seed.is_empty())
+                .map(str::to_string)
+                .collect();
+            if let Some(bad) = seeds.iter().find(|seed| !looks_like_host_port(seed)) {
+                return Err(ConfigError::Invalid {
+                    name: variable,
+                    value: bad.clone(),
+                    expected: "host:port of another broker's inter-node port",
+                });
+            }
+            seeds
+        }
+    };
+    Ok(ClusterConfig {
+        port: sources.number("CLUSTER_PORT", 4042)?,
+        advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
+        seeds,
+    })
+}
+
+fn looks_like_host_port(text: &str) -> bool {
+    text.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 fn attributes(sources: &Sources<'_>) -> Result<BTreeMap<String, String>, ConfigError> {

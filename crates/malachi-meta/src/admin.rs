@@ -10,6 +10,7 @@
 //! command leaves the state and its hash unchanged.
 
 mod acl;
+mod brokers;
 mod lockout;
 mod users;
 
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::AdminError;
 use crate::invariants::InvariantViolation;
 
+pub use brokers::{BROKER_ADDRESS_BYTES_MAX, BROKERS_MAX, BrokerRecord};
 pub use lockout::{LOGIN_FAILURES_PER_COMMAND_MAX, LockoutEntry, LockoutPolicy, LoginFailures};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -150,6 +152,11 @@ pub enum AdminCommand {
     RecordSeeded {
         username: String,
     },
+    /// Records a broker of the cluster and where it is reached, replacing what an earlier
+    /// registration of the same node id said (a restart on a new address).
+    RegisterBroker {
+        broker: BrokerRecord,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +196,9 @@ pub enum AdminResponse {
     SeededRecorded {
         added: bool,
     },
+    BrokerRegistered {
+        changed: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,6 +219,9 @@ pub struct AdminState {
     /// across restarts. Absent from snapshots taken before it existed.
     #[serde(default)]
     seeded: BTreeSet<String>,
+    /// The cluster's brokers by node id. Absent from snapshots taken before it existed.
+    #[serde(default)]
+    brokers: BTreeMap<u64, BrokerRecord>,
 }
 
 impl Default for AdminState {
@@ -229,6 +242,7 @@ impl AdminState {
             lockouts: BTreeMap::new(),
             lockout_entries: 0,
             seeded: BTreeSet::new(),
+            brokers: BTreeMap::new(),
         }
     }
 
@@ -264,6 +278,7 @@ impl AdminState {
                 Ok(AdminResponse::LockoutPolicySet)
             }
             AdminCommand::RecordSeeded { username } => self.record_seeded(username),
+            AdminCommand::RegisterBroker { broker } => self.register_broker(broker),
         };
         if result.is_ok() {
             self.version += 1;
@@ -312,6 +327,12 @@ impl AdminState {
         }
         if self.users.iter().any(|(name, user)| *name != user.username) {
             return violation("a user is keyed by another name");
+        }
+        if self.brokers.iter().any(|(&id, broker)| id != broker.node_id || id == 0) {
+            return violation("a broker is keyed by another id, or by 0");
+        }
+        if self.brokers.len() > BROKERS_MAX {
+            return violation("more brokers than the limit");
         }
         Ok(())
     }

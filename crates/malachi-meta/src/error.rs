@@ -292,6 +292,10 @@ pub enum AdminError {
     /// Ours.
     #[error("the user already holds {limit} ACL grants")]
     TooManyAcls { limit: u32 },
+    /// Ours: a broker registration with node id 0, an empty or oversized address, or more
+    /// brokers than the cluster may hold.
+    #[error("invalid broker registration: {0}")]
+    InvalidBroker(String),
 }
 
 impl AdminError {
@@ -308,6 +312,7 @@ impl AdminError {
             AdminError::InvalidAddress => "invalid_address",
             AdminError::TooManyUsers { .. } => "too_many_users",
             AdminError::TooManyAcls { .. } => "too_many_acls",
+            AdminError::InvalidBroker(_) => "invalid_broker",
         };
         reason.to_string()
     }
