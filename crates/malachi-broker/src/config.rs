@@ -309,7 +309,8 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
 }
 
 fn looks_like_host_port(text: &str) -> bool {
-    text.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+    text.rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
 }
 
 fn attributes(sources: &Sources<'_>) -> Result<BTreeMap<String, String>, ConfigError> {

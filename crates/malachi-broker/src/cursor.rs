@@ -107,6 +107,12 @@ impl CursorKey {
         CursorKey { secret }
     }
 
+    /// The secret, for a broker joining the cluster: every broker must check every other's
+    /// cursors.
+    pub fn secret(&self) -> [u8; 32] {
+        self.secret
+    }
+
     /// Mints the text of `cursor`; a frontier of more than [`CURSOR_ENTRIES_MAX`] ranges is
     /// refused rather than given a count that no longer matches its entries.
     pub fn encode(&self, cursor: &Cursor) -> Result<String, CursorError> {

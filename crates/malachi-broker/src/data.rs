@@ -62,6 +62,9 @@ pub enum DataError {
     /// Metadata no longer lists the segment (its topic was deleted, retention expired it).
     #[error("segment {0:?} no longer exists")]
     Gone(SegmentKey),
+    /// The segment's replicas are on other brokers of the cluster, not this one.
+    #[error("segment {key:?} is held by brokers {holders:?}, not this one")]
+    Elsewhere { key: SegmentKey, holders: Vec<u64> },
     #[error("storage: {0}")]
     Io(#[from] io::Error),
 }

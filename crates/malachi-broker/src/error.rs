@@ -31,6 +31,9 @@ pub enum LogError {
     Migrating,
     #[error("permission denied")]
     PermissionDenied,
+    /// The data asked for is held by another broker of the cluster; retry (through it).
+    #[error("held by brokers {holders:?}, not this one")]
+    NotOwner { holders: Vec<u64> },
     /// The reader's position spans more ranges than a cursor may name
     /// ([`crate::cursor::CURSOR_ENTRIES_MAX`]).
     #[error("the reader's position spans {entries} ranges, more than a cursor holds")]
@@ -52,6 +55,7 @@ impl LogError {
             LogError::Migrating => "migrating".into(),
             LogError::PermissionDenied => "permission_denied".into(),
             LogError::FrontierTooWide { .. } => "too_many_ranges".into(),
+            LogError::NotOwner { .. } => "not_owner".into(),
         }
     }
 
@@ -59,7 +63,7 @@ impl LogError {
     pub fn is_retryable(&self) -> bool {
         match self {
             LogError::Storage { reason, .. } => *reason != "storage_damaged",
-            LogError::Unavailable(_) | LogError::Migrating => true,
+            LogError::Unavailable(_) | LogError::Migrating | LogError::NotOwner { .. } => true,
             _ => false,
         }
     }
@@ -79,6 +83,7 @@ impl From<DataError> for LogError {
                 LogError::Storage { reason: cause.reason(), detail: cause.to_string() }
             }
             DataError::Gone(_) => LogError::NoSuchTopic,
+            DataError::Elsewhere { holders, .. } => LogError::NotOwner { holders },
             DataError::Damaged { .. } | DataError::Read(ReadError::Corrupt { .. }) => {
                 LogError::Storage { reason: "storage_damaged", detail: error.to_string() }
             }

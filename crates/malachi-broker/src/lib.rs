@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod cursor;
 pub mod data;

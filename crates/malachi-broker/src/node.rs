@@ -7,7 +7,7 @@ use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use malachi_consensus::{GroupConfig, GroupStore, RaftGroup};
+use malachi_consensus::{FirstBoot, GroupConfig, GroupStore, GroupTransport, NoPeers, RaftGroup};
 use malachi_log::{GroupCommitConfig, Limits, SegmentConfig, Storage};
 use malachi_meta::{AdminCommand, AdminError, LockoutPolicy};
 
@@ -46,6 +46,19 @@ pub struct NodeDeps {
     /// Write the generated admin password to a 0600 file in the data directory for the local
     /// CLI (real nodes); the simulator's nodes have no real directory to write it to.
     pub write_admin_credentials: bool,
+    /// The other brokers: `None` for a broker alone (its groups have one voter, itself).
+    pub cluster: Option<ClusterDeps>,
+}
+
+/// What a broker of a cluster takes from outside.
+pub struct ClusterDeps {
+    /// The inter-node transport; the broker answers its calls once started
+    /// (`crate::cluster::PeerHandler`).
+    pub transport: malachi_transport::Transport,
+    /// The cluster's id, as recorded in the data directory.
+    pub cluster_id: String,
+    /// Whether a new data directory starts the cluster or waits to be added to it.
+    pub first_boot: FirstBoot,
 }
 
 /// Deliberate bugs, each one a broken guarantee the simulator must catch. Never on outside the
@@ -84,6 +97,7 @@ impl NodeDeps {
             canaries: Canaries::default(),
             password_cost: auth::PasswordCost::Standard,
             write_admin_credentials: true,
+            cluster: None,
         }
     }
 }
@@ -109,6 +123,8 @@ pub struct Broker {
     pub(crate) canaries: Canaries,
     pub(crate) password_cost: auth::PasswordCost,
     write_admin_credentials: bool,
+    /// The inter-node transport and the cluster id; `None` for a broker alone.
+    pub(crate) cluster: Option<(malachi_transport::Transport, String)>,
     /// Serializes rolls, splits, merges and retention on this node, so two of them never race
     /// for one write head. Produce and fetch never take it.
     pub(crate) reshape_lock: tokio::sync::Mutex<()>,
@@ -146,7 +162,24 @@ pub enum BootError {
 }
 
 impl Broker {
+    /// [`Broker::start`], then [`Broker::bootstrap`]: a broker ready to serve.
     pub async fn open(deps: NodeDeps) -> Result<(Arc<Broker>, BootReport), BootError> {
+        let broker = Broker::start(deps).await?;
+        match broker.bootstrap().await {
+            Ok(report) => Ok((broker, report)),
+            Err(error) => {
+                // Stop the Raft groups, which release the store, before reporting: the caller
+                // may open the directory again in this process once it fixed the cause.
+                broker.shutdown().await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Opens the Raft groups, the cursor key and the segment store. A broker joining a cluster
+    /// answers its peers from here on, and is added to the groups by their leaders before it
+    /// can [`Broker::bootstrap`].
+    pub async fn start(deps: NodeDeps) -> Result<Arc<Broker>, BootError> {
         let data_dir = deps.config.data_dir.clone();
         create_data_dir(&*deps.storage, &data_dir)
             .map_err(|source| data_dir_error(&data_dir, source))?;
@@ -154,16 +187,36 @@ impl Broker {
             Some(store) => store,
             None => GroupStore::open(data_dir.join("raft.redb"))?,
         };
-        let admin = RaftGroup::<AdminMachine>::open(
+        let (transport, first_boot): (Arc<dyn GroupTransport>, _) = match &deps.cluster {
+            Some(cluster) => (Arc::new(cluster.transport.clone()), cluster.first_boot),
+            None => (Arc::new(NoPeers), FirstBoot::Initialize),
+        };
+        let (node_id, config) = (deps.node_id, &deps.raft);
+        let admin = RaftGroup::<AdminMachine>::open_with_transport(
             &store,
             ADMIN_GROUP_ID,
-            deps.node_id,
-            deps.raft.clone(),
+            node_id,
+            config.clone(),
+            Arc::clone(&transport),
+            first_boot,
         )
         .await?;
-        let meta =
-            RaftGroup::<MetaMachine>::open(&store, VNODE_GROUP_ID, deps.node_id, deps.raft.clone())
-                .await?;
+        let meta = RaftGroup::<MetaMachine>::open_with_transport(
+            &store,
+            VNODE_GROUP_ID,
+            node_id,
+            config.clone(),
+            transport,
+            first_boot,
+        )
+        .await;
+        let meta = match meta {
+            Ok(meta) => meta,
+            Err(error) => {
+                let _ = admin.shutdown().await;
+                return Err(error.into());
+            }
+        };
         let cursors = match deps.cursor_secret {
             Some(secret) => CursorKey::new(secret),
             None => load_cursor_key(&data_dir, &*deps.entropy)
@@ -198,20 +251,28 @@ impl Broker {
             canaries: deps.canaries,
             password_cost: deps.password_cost,
             write_admin_credentials: deps.write_admin_credentials,
+            cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
             reshape_lock: tokio::sync::Mutex::new(()),
             rolling: Mutex::new(BTreeSet::new()),
             members: Mutex::new(Members::default()),
             last_reshape_ms: Mutex::new(Default::default()),
         });
-        match broker.bootstrap_users().await {
-            Ok(report) => Ok((broker, report)),
-            Err(error) => {
-                // Stop the Raft groups, which release the store, before reporting: the caller
-                // may open the directory again in this process once it fixed the cause.
-                broker.shutdown().await;
-                Err(error)
+        Ok(broker)
+    }
+
+    /// Seeds the accounts the configuration asks for and makes the replicated lockout rule
+    /// match it. In a cluster, a joined broker finds them seeded already.
+    pub async fn bootstrap(&self) -> Result<BootReport, BootError> {
+        let report = self.bootstrap_users().await?;
+        if self.cluster.is_some() {
+            // Without a quorum now, the registration waits for the next start; the addresses
+            // recorded before still reach this broker unless it moved.
+            if let Err(error) = self.register_self().await {
+                tracing::warn!(%error, "recording this broker in the cluster failed");
             }
+            self.sync_addresses();
         }
+        Ok(report)
     }
 
     /// The accounts the configuration asks for, each seeded once in the cluster's life: the
@@ -436,8 +497,6 @@ pub fn segment_config(config: &BrokerConfig) -> SegmentConfig {
 /// The cursor secret: 32 random bytes created on first boot, kept 0600 in the data directory, so
 /// cursors survive restarts and cannot be forged.
 fn load_cursor_key(data_dir: &Path, entropy: &dyn Entropy) -> io::Result<CursorKey> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let path = data_dir.join("cursor.secret");
     match std::fs::read(&path) {
         Ok(bytes) => {
@@ -452,21 +511,29 @@ fn load_cursor_key(data_dir: &Path, entropy: &dyn Entropy) -> io::Result<CursorK
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
             let mut secret = [0u8; 32];
             entropy.fill(&mut secret);
-            let temp = data_dir.join("cursor.secret.tmp");
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&temp)?;
-            file.write_all(&secret)?;
-            file.sync_all()?;
-            std::fs::rename(&temp, &path)?;
-            std::fs::File::open(data_dir)?.sync_all()?;
+            write_cursor_secret(data_dir, secret)?;
             Ok(CursorKey::new(secret))
         }
         Err(error) => Err(error),
     }
+}
+
+/// Records the cursor secret in the data directory (0600, synced, renamed into place): a new
+/// one at first boot, or the cluster's, which a joining broker receives from its seed.
+pub fn write_cursor_secret(data_dir: &Path, secret: [u8; 32]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let temp = data_dir.join("cursor.secret.tmp");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temp)?;
+    file.write_all(&secret)?;
+    file.sync_all()?;
+    std::fs::rename(&temp, data_dir.join("cursor.secret"))?;
+    std::fs::File::open(data_dir)?.sync_all()
 }
 
 /// Creates the data directory durably: every missing level below the nearest existing

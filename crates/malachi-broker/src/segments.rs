@@ -26,6 +26,7 @@ impl Broker {
     /// its range meet the damage and the range takes writes again without waiting for a
     /// produce.
     pub(crate) async fn segment(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
+        self.check_held_here(key)?;
         let opened = self.data.open(key, || self.listed(key)).await?;
         if opened.report_created {
             self.report_created(vec![key.segment_id]).await;
@@ -43,6 +44,7 @@ impl Broker {
     pub(crate) async fn create_segments(&self, keys: &[SegmentKey]) -> Result<(), LogError> {
         let mut created = Vec::new();
         for &key in keys {
+            self.check_held_here(key)?;
             let opened = self.data.open(key, || self.listed(key)).await?;
             if opened.report_created {
                 created.push(key.segment_id);
@@ -64,6 +66,21 @@ impl Broker {
             if let Err(error) = self.propose_meta(command).await {
                 tracing::warn!(%error, "recording created segment files failed");
             }
+        }
+    }
+
+    /// Refuses a segment whose replicas are all on other brokers: its file must never be
+    /// created here, where nobody would read it and a second copy would diverge.
+    fn check_held_here(&self, key: SegmentKey) -> Result<(), DataError> {
+        let holders = self.meta.read(|meta| {
+            meta.0
+                .segment(key.segment_id)
+                .filter(|segment| !segment.replicas.contains(&self.node_id))
+                .map(|segment| segment.replicas.clone())
+        });
+        match holders {
+            Some(holders) => Err(DataError::Elsewhere { key, holders }),
+            None => Ok(()),
         }
     }
 

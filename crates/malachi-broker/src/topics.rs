@@ -448,7 +448,13 @@ impl Broker {
             max_bytes: self.config.retention_max_bytes,
             unresolved_policy_max_age_ms: self.config.retention_unresolved_policy_max_age_ms,
         };
-        let plan: Vec<SegmentRef> = self.meta.read(|meta| meta.0.retention_plan(now_ms, &defaults));
+        // One broker expires segments in metadata (the vnode's leader); every broker removes
+        // its own files of expired segments below.
+        let plan: Vec<SegmentRef> = if self.meta.is_leader() {
+            self.meta.read(|meta| meta.0.retention_plan(now_ms, &defaults))
+        } else {
+            Vec::new()
+        };
         let mut expired_records = 0;
         for chunk in plan.chunks(SEGMENT_IDS_PER_COMMAND_MAX) {
             let command = MetaCommand::ExpireSegments { segments: chunk.to_vec() };

@@ -27,6 +27,7 @@ async fn a_broker_runs_on_one_thread_over_the_simulated_disk() {
         raft: GroupConfig::default(),
         io_mode: IoMode::Inline,
         cursor_secret: Some([9; 32]),
+        cluster: None,
         raft_store: None,
         canaries: Default::default(),
         password_cost: Default::default(),

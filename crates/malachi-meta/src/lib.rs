@@ -31,8 +31,8 @@ pub mod topics;
 mod testkit;
 
 pub use admin::{
-    AclGrant, AdminCommand, AdminLimits, AdminResponse, AdminState, LockoutEntry, LockoutPolicy,
-    Operation, Permission, Role, User,
+    AclGrant, AdminCommand, AdminLimits, AdminResponse, AdminState, BrokerRecord, LockoutEntry,
+    LockoutPolicy, Operation, Permission, Role, User,
 };
 pub use command::{
     CommitPositions, CreateTopic, MergeRanges, MetaCommand, MetaResponse, RollSegment, SplitRange,

@@ -146,6 +146,7 @@ impl SimNode {
             raft: GroupConfig::default(),
             io_mode: IoMode::Inline,
             cursor_secret: Some(cursor_secret(self.seed)),
+            cluster: None,
             raft_store: Some(store.clone()),
             canaries: self.canaries,
             password_cost: PasswordCost::Minimal,

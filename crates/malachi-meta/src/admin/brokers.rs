@@ -46,7 +46,9 @@ impl AdminState {
     ) -> Result<AdminResponse, AdminError> {
         validate(&broker)?;
         if !self.brokers.contains_key(&broker.node_id) && self.brokers.len() >= BROKERS_MAX {
-            return Err(AdminError::InvalidBroker("the cluster holds the most brokers it may".into()));
+            return Err(AdminError::InvalidBroker(
+                "the cluster holds the most brokers it may".into(),
+            ));
         }
         let previous = self.brokers.insert(broker.node_id, broker.clone());
         Ok(AdminResponse::BrokerRegistered { changed: previous.as_ref() != Some(&broker) })
@@ -69,7 +71,9 @@ fn validate(broker: &BrokerRecord) -> Result<(), AdminError> {
     if broker.attributes.len() > ATTRIBUTES_MAX
         || !broker.attributes.iter().all(|(name, value)| attribute_ok(name) && attribute_ok(value))
     {
-        return Err(AdminError::InvalidBroker("too many attributes, or one empty or too long".into()));
+        return Err(AdminError::InvalidBroker(
+            "too many attributes, or one empty or too long".into(),
+        ));
     }
     Ok(())
 }

@@ -1,0 +1,340 @@
+//! The broker as a member of a cluster: it answers its peers' calls (Raft messages of its
+//! groups, welcome, join, add-member), admits joining brokers, keeps the transport's address
+//! book in step with the registered brokers, and reports the cluster to operators.
+//!
+//! Joining (docs/cluster.md): the new broker asks a seed for a *welcome* (cluster id, cursor
+//! secret, the brokers and their addresses), records the cluster id and secret in its data
+//! directory, opens its groups waiting for a leader, then asks to *join*. The admitting side
+//! registers the broker in the administrative machine, then has each group's leader add it:
+//! as a learner that catches up first, then as a voter while the group has fewer voters than it
+//! wants (5 for the administrative group, 3 for the vnode), as a learner beyond, so that every
+//! broker holds the metadata to read locally.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use malachi_consensus::{ConsensusError, MessageKind, RaftGroup, StateMachine};
+use malachi_meta::{AdminCommand, BrokerRecord};
+use malachi_transport::{Handler, HandlerFuture, Request, Service, Transport};
+use serde::{Deserialize, Serialize};
+
+use crate::node::{ADMIN_GROUP_ID, Broker, VNODE_GROUP_ID};
+
+/// Cluster calls (`Service::Cluster`), by `kind`. The codes are wire values; never reuse one.
+pub const CALL_WELCOME: u8 = 1;
+pub const CALL_JOIN: u8 = 2;
+pub const CALL_ADD_MEMBER: u8 = 3;
+
+/// Voters the administrative group keeps when it has the brokers: it survives two failures.
+pub const ADMIN_VOTERS_MAX: usize = 5;
+/// Voters of a vnode (`MALACHI_LOG_VNODE_REPLICATION_FACTOR`'s default).
+pub const VNODE_VOTERS: usize = 3;
+/// How long a join waits for the groups' leaders to catch the new broker up.
+pub const JOIN_WAIT_MS: u64 = 30_000;
+/// How long one call to a peer may take (adding a member waits for it to catch up).
+const CALL_TIMEOUT_MS: u64 = JOIN_WAIT_MS;
+
+/// What a seed tells a broker about to join.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Welcome {
+    pub cluster_id: String,
+    /// The cluster's cursor secret: a cursor one broker issued must verify on every other.
+    pub cursor_secret: [u8; 32],
+    pub brokers: Vec<BrokerRecord>,
+}
+
+/// A request to add a broker to one group, sent to that group's leader.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct AddMember {
+    group_id: u64,
+    node_id: u64,
+    cluster_address: String,
+}
+
+/// Answers the calls peers make to this broker.
+pub struct PeerHandler(pub Weak<Broker>);
+
+impl Handler for PeerHandler {
+    fn handle(&self, request: Request) -> HandlerFuture {
+        let broker = self.0.upgrade();
+        Box::pin(async move {
+            let broker = broker.ok_or_else(|| "this broker is shutting down".to_string())?;
+            match request.service {
+                Service::Raft => broker.handle_raft(request).await,
+                Service::Cluster => broker.handle_cluster_call(request).await,
+            }
+        })
+    }
+}
+
+impl Broker {
+    /// The inter-node transport, for a broker of a cluster.
+    pub fn transport(&self) -> Option<&Transport> {
+        self.cluster.as_ref().map(|(transport, _)| transport)
+    }
+
+    /// What this broker registers of itself.
+    pub fn own_record(&self) -> BrokerRecord {
+        let cluster = &self.config.cluster;
+        BrokerRecord {
+            node_id: self.node_id,
+            cluster_address: cluster.advertised_cluster_address(),
+            client_address: crate::config::join_host_port(
+                &cluster.advertise_host,
+                self.config.tcp_port,
+            ),
+            attributes: self.config.attributes.clone(),
+        }
+    }
+
+    /// The brokers the administrative machine knows, in node id order.
+    pub fn brokers(&self) -> Vec<BrokerRecord> {
+        self.admin.read(|admin| admin.0.brokers().cloned().collect())
+    }
+
+    /// Points the transport at every registered broker's inter-node address.
+    pub fn sync_addresses(&self) {
+        let Some(transport) = self.transport() else { return };
+        for broker in self.brokers() {
+            if broker.node_id != self.node_id {
+                transport.set_address(broker.node_id, &broker.cluster_address);
+            }
+        }
+    }
+
+    /// Records this broker (and where it is reached) in the administrative machine, when what
+    /// is recorded differs: at every start of a broker of a cluster, so a broker restarted on
+    /// another address is found there.
+    pub async fn register_self(&self) -> Result<(), ConsensusError> {
+        let record = self.own_record();
+        if self.admin.read(|admin| admin.0.broker(self.node_id) == Some(&record)) {
+            return Ok(());
+        }
+        match self.admin.propose(AdminCommand::RegisterBroker { broker: record }).await? {
+            Ok(_) => Ok(()),
+            Err(error) => Err(ConsensusError::Internal(error.to_string())),
+        }
+    }
+
+    /// Joins the cluster through the first of `seeds` that admits this broker, then waits
+    /// until both groups have caught it up. Retries every seed until `JOIN_WAIT_MS` ran out.
+    pub async fn join(&self, seeds: &[String]) -> Result<(), String> {
+        let transport = self.transport().ok_or("this broker has no cluster transport")?;
+        let record = serde_json::to_vec(&self.own_record()).map_err(|error| error.to_string())?;
+        let request = Request {
+            service: Service::Cluster,
+            group_id: 0,
+            kind: CALL_JOIN,
+            source_node_id: self.node_id,
+            payload: record,
+        };
+        let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
+        let mut last_error = String::from("no seed configured");
+        for seed in seeds {
+            match transport.call_address(seed, request.clone(), timeout).await {
+                Ok(_) => {
+                    self.wait_admitted().await?;
+                    self.sync_addresses();
+                    return Ok(());
+                }
+                Err(error) => {
+                    tracing::warn!(%seed, %error, "joining through this seed failed");
+                    last_error = format!("{seed}: {error}");
+                }
+            }
+        }
+        Err(format!("could not join the cluster: {last_error}"))
+    }
+
+    /// Waits until this broker has applied its own registration and knows both groups'
+    /// leaders: from then on its reads include everything committed before it joined.
+    async fn wait_admitted(&self) -> Result<(), String> {
+        const POLL_MS: u64 = 20;
+        for _ in 0..JOIN_WAIT_MS / POLL_MS {
+            let registered = self.admin.read(|admin| admin.0.broker(self.node_id).is_some());
+            let led = self.admin.leader().0.is_some() && self.meta.leader().0.is_some();
+            if registered && led {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+        }
+        Err(format!("admitted, but not caught up within {JOIN_WAIT_MS} ms"))
+    }
+
+    async fn handle_raft(&self, request: Request) -> Result<Vec<u8>, String> {
+        let kind = MessageKind::from_code(request.kind)
+            .ok_or_else(|| format!("unknown Raft message kind {}", request.kind))?;
+        let answer = match request.group_id {
+            ADMIN_GROUP_ID => self.admin.handle_message(kind, &request.payload).await,
+            VNODE_GROUP_ID => self.meta.handle_message(kind, &request.payload).await,
+            other => return Err(format!("group {other} is not on this broker")),
+        };
+        answer.map_err(|error| error.to_string())
+    }
+
+    async fn handle_cluster_call(&self, request: Request) -> Result<Vec<u8>, String> {
+        let answer = match request.kind {
+            CALL_WELCOME => serde_json::to_vec(&self.welcome()),
+            CALL_JOIN => {
+                let record: BrokerRecord = decode(&request.payload)?;
+                self.admit(record).await?;
+                serde_json::to_vec(&self.brokers())
+            }
+            CALL_ADD_MEMBER => {
+                let add: AddMember = decode(&request.payload)?;
+                self.add_to_group(add).await?;
+                Ok(Vec::new())
+            }
+            other => return Err(format!("unknown cluster call {other}")),
+        };
+        answer.map_err(|error| error.to_string())
+    }
+
+    fn welcome(&self) -> Welcome {
+        Welcome {
+            cluster_id: self.cluster.as_ref().map(|(_, id)| id.clone()).unwrap_or_default(),
+            cursor_secret: self.cursors.secret(),
+            brokers: self.brokers(),
+        }
+    }
+
+    /// Registers `record` and has both groups' leaders add it. A node id already registered
+    /// at another inter-node address is refused: two brokers with one id would corrupt Raft.
+    async fn admit(&self, record: BrokerRecord) -> Result<(), String> {
+        let taken = self.admin.read(|admin| {
+            admin
+                .0
+                .broker(record.node_id)
+                .filter(|known| known.cluster_address != record.cluster_address)
+                .cloned()
+        });
+        if let Some(known) = taken {
+            return Err(format!(
+                "node id {} is taken by the broker at {}; start the new broker with another \
+                 --node-id (MALACHI_NODE_ID)",
+                record.node_id, known.cluster_address
+            ));
+        }
+        let (node_id, cluster_address) = (record.node_id, record.cluster_address.clone());
+        let registered = self.admin.propose(AdminCommand::RegisterBroker { broker: record });
+        registered.await.map_err(|error| error.to_string())?.map_err(|error| error.to_string())?;
+        for group_id in [ADMIN_GROUP_ID, VNODE_GROUP_ID] {
+            let add = AddMember { group_id, node_id, cluster_address: cluster_address.clone() };
+            self.add_to_group(add).await?;
+        }
+        tracing::info!(node_id, %cluster_address, "broker joined the cluster");
+        Ok(())
+    }
+
+    /// Adds a broker to a group if this broker leads it, or asks the leader to.
+    async fn add_to_group(&self, add: AddMember) -> Result<(), String> {
+        match add.group_id {
+            ADMIN_GROUP_ID => self.add_member_to(&self.admin, ADMIN_VOTERS_MAX, add).await,
+            VNODE_GROUP_ID => self.add_member_to(&self.meta, VNODE_VOTERS, add).await,
+            other => Err(format!("group {other} is not on this broker")),
+        }
+    }
+
+    async fn add_member_to<M: StateMachine>(
+        &self,
+        group: &RaftGroup<M>,
+        voters_wanted: usize,
+        add: AddMember,
+    ) -> Result<(), String> {
+        let transport = self.transport().ok_or("this broker has no cluster transport")?;
+        let leader = group.leader().0;
+        if leader == Some(self.node_id) {
+            transport.set_address(add.node_id, &add.cluster_address);
+            let as_voter = group.voters().len() < voters_wanted;
+            return group
+                .add_member(add.node_id, as_voter)
+                .await
+                .map_err(|error| error.to_string());
+        }
+        let Some(leader) = leader else {
+            return Err(format!("group {} has no leader now; retry", add.group_id));
+        };
+        let payload = serde_json::to_vec(&add).map_err(|error| error.to_string())?;
+        let request = Request {
+            service: Service::Cluster,
+            group_id: add.group_id,
+            kind: CALL_ADD_MEMBER,
+            source_node_id: self.node_id,
+            payload,
+        };
+        transport
+            .call(leader, request, Duration::from_millis(CALL_TIMEOUT_MS))
+            .await
+            .map(drop)
+            .map_err(|error| error.to_string())
+    }
+
+    /// The cluster as this broker sees it, for `malachi cluster status` and `cluster_state`.
+    pub fn cluster_view(&self) -> ClusterView {
+        let group = |group_id, (leader, term): (Option<u64>, u64), voters, learners| GroupView {
+            group_id,
+            leader,
+            term,
+            voters,
+            learners,
+        };
+        ClusterView {
+            node_id: self.node_id,
+            cluster_id: self.cluster.as_ref().map(|(_, id)| id.clone()),
+            brokers: self.brokers(),
+            groups: vec![
+                group(
+                    ADMIN_GROUP_ID,
+                    self.admin.leader(),
+                    self.admin.voters(),
+                    self.admin.learners(),
+                ),
+                group(VNODE_GROUP_ID, self.meta.leader(), self.meta.voters(), self.meta.learners()),
+            ],
+        }
+    }
+}
+
+/// The cluster as one broker sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterView {
+    pub node_id: u64,
+    pub cluster_id: Option<String>,
+    pub brokers: Vec<BrokerRecord>,
+    pub groups: Vec<GroupView>,
+}
+
+/// One Raft group: who leads it in which term, and its members.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupView {
+    pub group_id: u64,
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub voters: std::collections::BTreeSet<u64>,
+    pub learners: std::collections::BTreeSet<u64>,
+}
+
+/// Asks the broker at `seed` (an inter-node address) for the cluster's welcome.
+pub async fn fetch_welcome(transport: &Transport, seed: &str) -> Result<Welcome, String> {
+    let request = Request {
+        service: Service::Cluster,
+        group_id: 0,
+        kind: CALL_WELCOME,
+        source_node_id: transport.node_id(),
+        payload: Vec::new(),
+    };
+    let (_, answer) = transport
+        .call_address(seed, request, Duration::from_millis(CALL_TIMEOUT_MS))
+        .await
+        .map_err(|error| format!("{seed}: {error}"))?;
+    decode(&answer)
+}
+
+/// The handler a broker installs on its transport.
+pub fn peer_handler(broker: &Arc<Broker>) -> Arc<dyn Handler> {
+    Arc::new(PeerHandler(Arc::downgrade(broker)))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(payload).map_err(|error| format!("malformed cluster call: {error}"))
+}
