@@ -31,6 +31,8 @@ pub const ADMIN_VOTERS_MAX: usize = 5;
 pub const VNODE_VOTERS: usize = 3;
 /// How long a join waits for the groups' leaders to catch the new broker up.
 pub const JOIN_WAIT_MS: u64 = 30_000;
+/// Pause between rounds of join attempts over the seeds.
+const JOIN_RETRY_MS: u64 = 500;
 /// How long one call to a peer may take (adding a member waits for it to catch up).
 const CALL_TIMEOUT_MS: u64 = JOIN_WAIT_MS;
 
@@ -130,18 +132,25 @@ impl Broker {
         };
         let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
         let mut last_error = String::from("no seed configured");
-        for seed in seeds {
-            match transport.call_address(seed, request.clone(), timeout).await {
-                Ok(_) => {
-                    self.wait_admitted().await?;
-                    self.sync_addresses();
-                    return Ok(());
-                }
-                Err(error) => {
-                    tracing::warn!(%seed, %error, "joining through this seed failed");
-                    last_error = format!("{seed}: {error}");
+        for _ in 0..JOIN_WAIT_MS / JOIN_RETRY_MS {
+            for seed in seeds {
+                match transport.call_address(seed, request.clone(), timeout).await {
+                    Ok(_) => {
+                        self.wait_admitted().await?;
+                        self.sync_addresses();
+                        return Ok(());
+                    }
+                    Err(error) => {
+                        tracing::warn!(%seed, %error, "joining through this seed failed");
+                        last_error = format!("{seed}: {error}");
+                    }
                 }
             }
+            // A refusal names a cause retrying cannot fix (another cluster, a taken id).
+            if last_error.contains("refused by") || last_error.contains("is taken") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(JOIN_RETRY_MS)).await;
         }
         Err(format!("could not join the cluster: {last_error}"))
     }

@@ -76,6 +76,9 @@ pub struct BrokerConfig {
 /// The cluster settings: where peers reach this broker, and whom to join.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterConfig {
+    /// Whether this broker is a member of a cluster: `MALACHI_CLUSTER_PORT` or
+    /// `MALACHI_LOG_NODES` is set. Otherwise it is alone and opens no inter-node port.
+    pub enabled: bool,
     /// The inter-node port (`MALACHI_CLUSTER_PORT`), on the bind address.
     pub port: u16,
     /// The host peers and clients should use for this broker (`MALACHI_ADVERTISE_HOST`;
@@ -302,6 +305,7 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         }
     };
     Ok(ClusterConfig {
+        enabled: sources.raw("CLUSTER_PORT").is_some() || !seeds.is_empty(),
         port: sources.number("CLUSTER_PORT", 4042)?,
         advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
         seeds,

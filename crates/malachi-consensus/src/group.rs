@@ -108,6 +108,9 @@ pub struct RaftGroup<M: StateMachine> {
     store: GroupStore,
     transport: Arc<dyn GroupTransport>,
     propose_wait_ms: u64,
+    /// Membership changes one at a time: openraft refuses a change while another is
+    /// uncommitted, and brokers joining together must not fail for it.
+    membership_lock: tokio::sync::Mutex<()>,
 }
 
 /// How a group starts on this node when its store holds no membership yet.
@@ -191,6 +194,7 @@ impl<M: StateMachine> RaftGroup<M> {
             store: store.clone(),
             transport,
             propose_wait_ms: config.propose_wait_ms,
+            membership_lock: tokio::sync::Mutex::new(()),
         };
         let started = group.start(config.open_wait_ms, first_boot).await;
         if let Err(error) = started {
@@ -321,6 +325,7 @@ impl<M: StateMachine> RaftGroup<M> {
     /// Adds `node_id` to the group, as a learner that is caught up first, then (when
     /// `as_voter`) as a voter. Only on the leader; elsewhere `NotLeader` with a hint.
     pub async fn add_member(&self, node_id: u64, as_voter: bool) -> Result<(), ConsensusError> {
+        let _one_at_a_time = self.membership_lock.lock().await;
         let node = openraft::EmptyNode {};
         if !self.voters().contains(&node_id) {
             self.raft

@@ -48,8 +48,12 @@ pub enum IdentityError {
 /// Reads the identity recorded in `data_dir`, or records one: `requested` or
 /// [`DEFAULT_NODE_ID`], and a new cluster id. The file is written to a temporary name, synced,
 /// renamed and its directory synced, so a crash leaves either no identity or a whole one.
+///
+/// `joining` is the cluster id a new directory records instead of a new one: the cluster this
+/// broker is joining, as its seed told it.
 pub fn load_or_create(
     data_dir: &Path,
+    joining: Option<&str>,
     requested: Option<u64>,
 ) -> Result<NodeIdentity, IdentityError> {
     if requested == Some(0) {
@@ -78,9 +82,18 @@ pub fn load_or_create(
                 Some(requested) => requested,
                 None => DEFAULT_NODE_ID,
             };
-            let mut bytes = [0u8; 16];
-            OsEntropy.fill(&mut bytes);
-            let cluster_id: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+            let cluster_id = match joining {
+                Some(cluster_id) if is_cluster_id(cluster_id) => cluster_id.to_string(),
+                Some(other) => {
+                    let problem = format!("the seed's cluster id {other:?} is not 32 hex digits");
+                    return Err(IdentityError::Damaged { path, problem });
+                }
+                None => {
+                    let mut bytes = [0u8; 16];
+                    OsEntropy.fill(&mut bytes);
+                    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+                }
+            };
             let identity = NodeIdentity { node_id, cluster_id };
             let storage = malachi_log::storage::RealStorage;
             malachi_broker::node::create_data_dir(&storage, data_dir).map_err(io)?;
@@ -110,10 +123,19 @@ fn parse(text: &str) -> Result<NodeIdentity, String> {
     let cluster_id = table
         .get("cluster_id")
         .and_then(toml::Value::as_str)
-        .filter(|id| id.len() == 32 && id.bytes().all(|byte| byte.is_ascii_hexdigit()))
+        .filter(|id| is_cluster_id(id))
         .ok_or("no cluster_id of 32 hexadecimal digits")?
         .to_string();
     Ok(NodeIdentity { node_id, cluster_id })
+}
+
+fn is_cluster_id(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|byte| byte.is_ascii_hexdigit())
+}
+
+/// Whether `data_dir` has an identity already (it is not a broker's first boot).
+pub fn exists(data_dir: &Path) -> bool {
+    data_dir.join(IDENTITY_FILE).exists()
 }
 
 fn write_durably(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
@@ -142,7 +164,7 @@ mod tests {
     #[test]
     fn the_first_boot_records_an_identity_that_later_boots_keep() {
         let dir = tempfile::tempdir().unwrap();
-        let first = load_or_create(dir.path(), Some(7)).unwrap();
+        let first = load_or_create(dir.path(), None, Some(7)).unwrap();
         assert_eq!(first.node_id, 7);
         assert!(parse(&format(&first)).is_ok(), "{first:?}");
         use std::os::unix::fs::PermissionsExt;
@@ -150,7 +172,7 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600, "the identity file is private");
         let cases = [(None, Ok(7)), (Some(7), Ok(7)), (Some(8), Err("records node 7"))];
         for (requested, expected) in cases {
-            let loaded = load_or_create(dir.path(), requested);
+            let loaded = load_or_create(dir.path(), None, requested);
             match (loaded, expected) {
                 (Ok(identity), Ok(node_id)) => {
                     let cluster_id = first.cluster_id.clone();
@@ -163,18 +185,34 @@ mod tests {
     }
 
     #[test]
+    fn a_joining_broker_records_its_seeds_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = "0123456789abcdef0123456789abcdef";
+        assert!(!exists(dir.path()));
+        let identity = load_or_create(dir.path(), Some(cluster), Some(2)).unwrap();
+        assert_eq!(identity, NodeIdentity { node_id: 2, cluster_id: cluster.into() });
+        assert!(exists(dir.path()));
+        let other = tempfile::tempdir().unwrap();
+        let refused = load_or_create(other.path(), Some("not-a-cluster"), Some(2)).unwrap_err();
+        assert!(refused.to_string().contains("not 32 hex digits"), "{refused}");
+    }
+
+    #[test]
     fn a_directory_from_before_identities_is_node_1() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("raft.redb"), b"raft state").unwrap();
-        let refused = load_or_create(dir.path(), Some(7)).unwrap_err();
+        let refused = load_or_create(dir.path(), None, Some(7)).unwrap_err();
         assert!(matches!(refused, IdentityError::OlderDirectory { requested: 7, .. }), "{refused}");
-        assert_eq!(load_or_create(dir.path(), None).unwrap().node_id, 1);
+        assert_eq!(load_or_create(dir.path(), None, None).unwrap().node_id, 1);
     }
 
     #[test]
     fn zero_and_damaged_identities_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(matches!(load_or_create(dir.path(), Some(0)), Err(IdentityError::ZeroNodeId)));
+        assert!(matches!(
+            load_or_create(dir.path(), None, Some(0)),
+            Err(IdentityError::ZeroNodeId)
+        ));
         let cases = [
             ("node_id = 0\ncluster_id = \"00000000000000000000000000000000\"\n", "no node_id"),
             ("node_id = 3\ncluster_id = \"xyz\"\n", "no cluster_id"),
@@ -182,7 +220,7 @@ mod tests {
         ];
         for (text, problem) in cases {
             std::fs::write(dir.path().join(IDENTITY_FILE), text).unwrap();
-            let error = load_or_create(dir.path(), None).unwrap_err();
+            let error = load_or_create(dir.path(), None, None).unwrap_err();
             assert!(error.to_string().contains(problem), "{text:?}: {error}");
         }
     }

@@ -4,6 +4,7 @@
 
 mod bench;
 mod cli;
+mod cluster_boot;
 mod identity;
 mod serve;
 

@@ -27,6 +27,18 @@ pub struct ServeArgs {
     /// [env: MALACHI_NODE_ID] [default: 1 for a new data directory, then the recorded one]
     #[arg(long)]
     node_id: Option<u64>,
+    /// Inter-node port; setting it (or --join) makes this broker a member of a cluster
+    /// [env: MALACHI_CLUSTER_PORT] [default: 4042]
+    #[arg(long)]
+    cluster_port: Option<u16>,
+    /// Inter-node addresses (host:port) of brokers to join, comma-separated
+    /// [env: MALACHI_LOG_NODES]
+    #[arg(long)]
+    join: Option<String>,
+    /// The host other brokers and clients use for this one [env: MALACHI_ADVERTISE_HOST]
+    /// [default: the bind address]
+    #[arg(long)]
+    advertise_host: Option<String>,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), String> {
@@ -41,7 +53,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=error"));
     use std::io::IsTerminal;
     let ansi = std::io::stderr().is_terminal();
     let _ = tracing_subscriber::fmt()
@@ -64,6 +76,15 @@ fn load_config(args: &ServeArgs) -> Result<BrokerConfig, String> {
     }
     if let Some(node_id) = args.node_id {
         flags.insert("NODE_ID".to_string(), node_id.to_string());
+    }
+    if let Some(port) = args.cluster_port {
+        flags.insert("CLUSTER_PORT".to_string(), port.to_string());
+    }
+    if let Some(seeds) = &args.join {
+        flags.insert("LOG_NODES".to_string(), seeds.clone());
+    }
+    if let Some(host) = &args.advertise_host {
+        flags.insert("ADVERTISE_HOST".to_string(), host.clone());
     }
     let file = match &args.config {
         Some(path) => read_toml(path)?,
@@ -99,10 +120,15 @@ const DESCRIPTORS_RESERVED: u64 = 256;
 async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     fit_open_segments_to_descriptors(&mut config);
     let data_dir = config.data_dir.clone();
-    let identity = crate::identity::load_or_create(&data_dir, config.node_id)
-        .map_err(|error| error.to_string())?;
-    let deps = NodeDeps::production(config, identity.node_id);
-    let (broker, report) = Broker::open(deps).await.map_err(|error| error.to_string())?;
+    let (broker, report, identity) = if config.cluster.enabled {
+        crate::cluster_boot::open_member(config).await?
+    } else {
+        let identity = crate::identity::load_or_create(&data_dir, None, config.node_id)
+            .map_err(|error| error.to_string())?;
+        let deps = NodeDeps::production(config, identity.node_id);
+        let (broker, report) = Broker::open(deps).await.map_err(|error| error.to_string())?;
+        (broker, report, identity)
+    };
     let server = Server::bind(Arc::clone(&broker)).await.map_err(|error| {
         format!("binding {}:{}: {error}", broker.config().bind_address, broker.config().tcp_port)
     })?;
