@@ -304,6 +304,30 @@ impl Broker {
     }
 }
 
+/// Logs each change of a group's leader this broker sees, so operators (and the cluster tests)
+/// can tell from the logs who led what, when.
+#[derive(Debug, Default)]
+pub struct LeaderLog {
+    seen: std::collections::BTreeMap<u64, (Option<u64>, u64)>,
+}
+
+impl LeaderLog {
+    pub fn note(&mut self, view: &ClusterView) {
+        for group in &view.groups {
+            let now = (group.leader, group.term);
+            if self.seen.insert(group.group_id, now) != Some(now) {
+                tracing::info!(
+                    group_id = group.group_id,
+                    leader = ?group.leader,
+                    term = group.term,
+                    leads = group.leader == Some(view.node_id),
+                    "group leader"
+                );
+            }
+        }
+    }
+}
+
 /// The cluster as one broker sees it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ClusterView {

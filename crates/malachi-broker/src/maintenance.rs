@@ -16,9 +16,14 @@ impl Broker {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut last_retention_ms = 0;
+            let mut leaders = crate::cluster::LeaderLog::default();
             loop {
                 tokio::time::sleep(Duration::from_millis(TICK_MS)).await;
                 let Some(broker) = weak.upgrade() else { return };
+                if broker.transport().is_some() {
+                    broker.sync_addresses();
+                    leaders.note(&broker.cluster_view());
+                }
                 broker.reshape_by_load().await;
                 broker.roll_by_age().await;
                 let now_ms = broker.clock.now_ms();

@@ -136,21 +136,40 @@ async fn commit(
 }
 
 fn cluster_state(connection: &Connection, corr: u32) -> Outcome {
-    let config = connection.broker.config();
-    let version = connection.broker.meta_group().read(|meta| meta.0.version());
-    let broker = WireBroker {
-        id: text_bytes(&connection.broker.node_id().to_string()),
-        host: text_bytes(&config.bind_address),
-        port: config.tcp_port,
-        status: BrokerStatus::Alive,
-    };
-    let response = ClusterStateResponse {
-        version,
-        streams_enabled: false,
-        brokers: vec![broker],
-        vnodes: vec![1],
-    };
+    let broker = &connection.broker;
+    let version = broker.meta_group().read(|meta| meta.0.version());
+    // A broker alone has registered nobody: it reports itself.
+    let mut records = broker.brokers();
+    if records.is_empty() {
+        records.push(broker.own_record());
+    }
+    // Every registered broker is reported alive until membership (SWIM) tells them apart.
+    let brokers = records
+        .iter()
+        .map(|record| {
+            let (host, port) = split_host_port(&record.client_address);
+            WireBroker {
+                id: text_bytes(&record.node_id.to_string()),
+                host: text_bytes(host),
+                port,
+                status: BrokerStatus::Alive,
+            }
+        })
+        .collect();
+    let response =
+        ClusterStateResponse { version, streams_enabled: false, brokers, vnodes: vec![1] };
     Connection::reply(corr, Response::ClusterState(response))
+}
+
+/// `host:port` (IPv6 hosts in brackets) as host and port; port 0 when there is none.
+fn split_host_port(address: &str) -> (&str, u16) {
+    match address.rsplit_once(':') {
+        Some((host, port)) => {
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            (host, port.parse().unwrap_or(0))
+        }
+        None => (address, 0),
+    }
 }
 
 /// Keys 8-11 and 14-23; the caller already checked `admin`.

@@ -44,6 +44,9 @@ pub async fn open_member(
     }
     .map_err(|error| error.to_string())?;
     let transport = Transport::new(identity.node_id, &identity.cluster_id);
+    if !first_boot {
+        refuse_another_cluster(&transport, &seeds).await?;
+    }
     let listen = join_host_port(&config.bind_address, config.cluster.port);
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
@@ -64,11 +67,10 @@ pub async fn open_member(
     let broker = Broker::start(deps).await.map_err(|error| error.to_string())?;
     transport.set_handler(peer_handler(&broker));
     broker.sync_addresses();
-    if !seeds.is_empty() && broker.admin_group().voters().is_empty() {
-        if let Err(error) = broker.join(&seeds).await {
-            broker.shutdown().await;
-            return Err(error);
-        }
+    let joining = !seeds.is_empty() && broker.admin_group().voters().is_empty();
+    if joining && let Err(error) = broker.join(&seeds).await {
+        broker.shutdown().await;
+        return Err(error);
     }
     match broker.bootstrap().await {
         Ok(report) => Ok((broker, report, identity)),
@@ -77,6 +79,29 @@ pub async fn open_member(
             Err(error.to_string())
         }
     }
+}
+
+/// Stops a broker whose data directory belongs to another cluster than its seeds: a seed
+/// refuses its hello, naming both clusters. Seeds that cannot be reached prove nothing (the
+/// whole cluster may be restarting), so the start goes on.
+async fn refuse_another_cluster(transport: &Transport, seeds: &[String]) -> Result<(), String> {
+    for seed in seeds {
+        match fetch_welcome(transport, seed).await {
+            Ok(welcome) if welcome.cluster_id != transport.cluster_id() => {
+                return Err(format!(
+                    "this data directory belongs to cluster {}, the seed {seed} to {}",
+                    transport.cluster_id(),
+                    welcome.cluster_id
+                ));
+            }
+            Ok(_) => return Ok(()),
+            Err(error) if error.contains("refused by") => {
+                return Err(format!("the seed refused this broker: {error}"));
+            }
+            Err(error) => tracing::warn!(%seed, %error, "seed not reachable at start"),
+        }
+    }
+    Ok(())
 }
 
 /// The welcome of the first seed that answers, retrying all of them for a while.

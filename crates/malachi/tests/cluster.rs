@@ -1,0 +1,216 @@
+//! Three real `malachi serve` processes on 127.0.0.1 forming one cluster: metadata (topics,
+//! users, ACLs) written through any broker is seen through every other, produce and fetch work
+//! through the broker holding the segments, and kill -9 of the brokers' Raft leader leaves the
+//! other two serving metadata at once; the killed broker rejoins as the same member.
+
+mod common;
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::{BrokerProcess, free_port};
+use malachi_client::{Client, FetchOptions, RecordBuilder};
+
+const ADMIN_PASSWORD: &str = "admin-password-long";
+
+struct Member {
+    process: BrokerProcess,
+    child: Option<Child>,
+}
+
+impl Member {
+    fn new(dir: &std::path::Path, node_id: u64, cluster_port: u16, seed: Option<u16>) -> Member {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut process = BrokerProcess::new(dir)
+            .env("MALACHI_NODE_ID", node_id.to_string())
+            .env("MALACHI_CLUSTER_PORT", cluster_port.to_string());
+        if let Some(seed) = seed {
+            process = process.env("MALACHI_LOG_NODES", format!("127.0.0.1:{seed}"));
+        }
+        Member { process, child: None }
+    }
+
+    fn start(&mut self) {
+        self.child = Some(self.process.spawn());
+    }
+
+    fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    async fn admin(&self) -> Client {
+        self.process.connect_as("admin", ADMIN_PASSWORD).await
+    }
+
+    /// The groups this broker last logged leading, as `(group_id, term)`.
+    fn led(&self) -> Vec<(u64, u64)> {
+        let log = self.process.log();
+        let mut led = std::collections::BTreeMap::new();
+        for line in log.lines().filter(|line| line.contains("group leader")) {
+            let field = |name: &str| -> Option<u64> {
+                let start = line.find(&format!("{name}="))? + name.len() + 1;
+                line[start..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+            };
+            if let (Some(group), Some(term)) = (field("group_id"), field("term")) {
+                led.insert(group, (term, line.contains("leads=true")));
+            }
+        }
+        led.into_iter().filter(|(_, (_, leads))| *leads).map(|(g, (t, _))| (g, t)).collect()
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Retries `check` for up to 10 s: a follower applies what its leader committed a moment later.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(error) if Instant::now() > deadline => panic!("{what}: {error}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn produce_and_read_back(client: &Client, topic: &str, records: u32) {
+    let batch = (0..records)
+        .map(|i| RecordBuilder::new(format!("{topic}-{i}")).key(format!("k{}", i % 4)).build())
+        .collect();
+    assert_eq!(client.produce(topic, batch).await.unwrap(), records);
+    let (read, _) = common::drain(client, topic, None).await;
+    assert_eq!(read.len(), records as usize, "{topic}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| {
+            let seed = (i > 0).then_some(cluster_ports[0]);
+            Member::new(
+                &dir.path().join(format!("n{}", i + 1)),
+                i as u64 + 1,
+                cluster_ports[i],
+                seed,
+            )
+        })
+        .collect();
+    for member in &mut members {
+        member.start();
+    }
+    let mut clients = Vec::new();
+    for member in &members {
+        clients.push(member.admin().await);
+    }
+
+    // Every broker writes metadata and data of its own, and every broker reads all of it.
+    for (i, client) in clients.iter().enumerate() {
+        let topic = format!("t{}", i + 1);
+        client.create_topic(&topic).await.unwrap();
+        produce_and_read_back(client, &topic, 20).await;
+        client
+            .create_user(&format!("user{}", i + 1), "user-password-1", &["consume"])
+            .await
+            .unwrap();
+    }
+    for (i, client) in clients.iter().enumerate() {
+        eventually(&format!("broker {} sees everything", i + 1), || async {
+            let topics = client.list_topics().await.map_err(|e| e.to_string())?;
+            let users = client.list_users().await.map_err(|e| e.to_string())?;
+            let users: Vec<String> = users.into_iter().map(|user| user.username).collect();
+            let complete = ["t1", "t2", "t3"].iter().all(|t| topics.contains(&t.to_string()))
+                && ["user1", "user2", "user3"].iter().all(|u| users.contains(&u.to_string()));
+            if complete { Ok(()) } else { Err(format!("{topics:?} {users:?}")) }
+        })
+        .await;
+    }
+    // A user created through broker 3 logs in through broker 1 and is held to an ACL granted
+    // through broker 2.
+    clients[1].grant_acl("user3", "consume", "t1").await.unwrap();
+    eventually("user3 reads t1 through broker 1", || async {
+        let user = common::connect(members[0].process.port, "user3", "user-password-1").await?;
+        let options = FetchOptions { max: 100, ..FetchOptions::default() };
+        user.fetch("t1", &options).await.map(drop).map_err(|e| e.to_string())
+    })
+    .await;
+    // A segment held by another broker is refused with a retryable reason, never created here.
+    let elsewhere = clients[0].produce("t2", vec![RecordBuilder::new("x").build()]).await;
+    assert!(elsewhere.unwrap_err().to_string().contains("not_owner"));
+
+    // Kill the broker leading the vnode group (1), measured from the kill to the first
+    // metadata write that succeeds through a survivor.
+    // Brokers log leadership on their maintenance tick (1 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let leader = loop {
+        let leading = |member: &Member| member.led().iter().any(|&(group, _)| group == 1);
+        if let Some(leader) = members.iter().position(leading) {
+            break leader;
+        }
+        assert!(Instant::now() < deadline, "no broker logged leading the vnode");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    members[leader].kill();
+    let survivor = (leader + 1) % 3;
+    let killed_at = Instant::now();
+    clients[survivor].create_topic("after-kill").await.unwrap();
+    let stall = killed_at.elapsed();
+    eprintln!("vnode leader (broker {}) killed: metadata write stalled {stall:?}", leader + 1);
+    let other = (leader + 2) % 3;
+    clients[other].create_user("late", "user-password-1", &["consume"]).await.unwrap();
+    let topics = clients[other].list_topics().await.unwrap();
+    assert!(topics.contains(&"after-kill".to_string()), "{topics:?}");
+    // Data held by a survivor is still served.
+    let held = format!("t{}", survivor + 1);
+    let (read, _) = common::drain(&clients[survivor], &held, None).await;
+    assert_eq!(read.len(), 20);
+
+    // The killed broker comes back as the same member and catches up.
+    members[leader].start();
+    let back = members[leader].admin().await;
+    eventually("the restarted broker caught up", || async {
+        let topics = back.list_topics().await.map_err(|e| e.to_string())?;
+        if topics.contains(&"after-kill".to_string()) { Ok(()) } else { Err(format!("{topics:?}")) }
+    })
+    .await;
+    let own = format!("t{}", leader + 1);
+    let (read, _) = common::drain(&back, &own, None).await;
+    assert_eq!(read.len(), 20, "its own segments survived the kill");
+    back.create_topic("after-restart").await.unwrap();
+}
+
+/// A broker whose data directory belongs to another cluster is refused when it tries to join,
+/// with an error that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_of_another_cluster_cannot_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first_port, stray_port) = (free_port(), free_port());
+    let mut first = Member::new(&dir.path().join("a"), 1, first_port, None);
+    first.start();
+    first.admin().await;
+    // The stray broker starts a cluster of its own, stops, then is pointed at the first.
+    let mut stray = Member::new(&dir.path().join("b"), 2, stray_port, None);
+    stray.start();
+    stray.admin().await;
+    stray.kill();
+    let mut joiner = Member::new(&dir.path().join("b"), 2, stray_port, Some(first_port));
+    joiner.start();
+    let status = joiner.child.as_mut().unwrap().wait().unwrap();
+    assert!(!status.success());
+    let log = joiner.process.log();
+    assert!(log.contains("belongs to cluster"), "{log}");
+}
