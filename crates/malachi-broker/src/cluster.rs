@@ -64,6 +64,7 @@ impl Handler for PeerHandler {
             match request.service {
                 Service::Raft => broker.handle_raft(request).await,
                 Service::Cluster => broker.handle_cluster_call(request).await,
+                Service::Data => broker.handle_data_call(request).await,
             }
         })
     }

@@ -31,6 +31,9 @@ pub enum LogError {
     Migrating,
     #[error("permission denied")]
     PermissionDenied,
+    /// The broker holding the segment refused a forwarded operation with this wire reason.
+    #[error("the broker holding the segment answered {reason}")]
+    Remote { reason: String, retryable: bool },
     /// The data asked for is held by another broker of the cluster; retry (through it).
     #[error("held by brokers {holders:?}, not this one")]
     NotOwner { holders: Vec<u64> },
@@ -56,6 +59,7 @@ impl LogError {
             LogError::PermissionDenied => "permission_denied".into(),
             LogError::FrontierTooWide { .. } => "too_many_ranges".into(),
             LogError::NotOwner { .. } => "not_owner".into(),
+            LogError::Remote { reason, .. } => reason.clone(),
         }
     }
 
@@ -64,6 +68,7 @@ impl LogError {
         match self {
             LogError::Storage { reason, .. } => *reason != "storage_damaged",
             LogError::Unavailable(_) | LogError::Migrating | LogError::NotOwner { .. } => true,
+            LogError::Remote { retryable, .. } => *retryable,
             _ => false,
         }
     }

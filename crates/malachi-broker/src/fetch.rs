@@ -18,6 +18,7 @@ use crate::data::{DataError, SegmentKey};
 use crate::error::LogError;
 use crate::frontier::{self, Frontier};
 use crate::node::Broker;
+use crate::remote::Remote;
 
 /// Clamps of wire-protocol.md section 3.3.
 pub const FETCH_MAX_DEFAULT: u32 = 100;
@@ -233,12 +234,8 @@ impl Broker {
                         range_id,
                         segment_id: span.segment_id,
                     };
-                    match self.active_durable_end(key).await {
-                        Ok(end_offset) => end_offset,
-                        // Rolled, split or deleted since we looked: nothing more to read here.
-                        Err(DataError::Gone(_)) => 0,
-                        Err(error) => return Err(error.into()),
-                    }
+                    // Rolled, split or deleted since we looked: nothing more to read here.
+                    self.segment_end(key).await?.unwrap_or(0)
                 }
             };
             spans.push((span, span.base + length));
@@ -255,41 +252,20 @@ impl Broker {
             offset = offset.max(span.base);
             let key =
                 SegmentKey { topic_id: topic.topic_id, range_id, segment_id: span.segment_id };
-            let segment = match self.segment(key).await {
-                Ok(segment) => segment,
-                Err(DataError::Gone(_)) => {
-                    // Metadata dropped it after we looked (retention): count it as expired. A
-                    // segment metadata still lists but whose file is missing is damage instead.
-                    read.skipped += end - offset;
-                    offset = end;
-                    continue;
-                }
-                Err(error) => return Err(error.into()),
-            };
             // Never past the span's end: a sealed segment ends where metadata recorded its
             // seal, whatever its file holds (the simulator's skip-split-fence canary showed
             // reads quietly returning records a broken fence let in after the end).
             let wanted = (max - read.records.len() as u32).min(span_records(offset, end));
             let bytes_left = budget.saturating_sub(read.wire_bytes).max(1);
             let from = offset - span.base;
-            let batch =
-                match self.data.read(Arc::clone(&segment), from, wanted, bytes_left).await {
-                    // A write or seal that failed poisoned the head; if no produce comes to repair
-                    // it, the reader must (found by the simulator: a drained topic read
-                    // `storage_failed` forever after a full disk). Reopened, it holds exactly the
-                    // durable records, which are all a reader may see anyway.
-                    Err(ReadError::Poisoned { .. }) => {
-                        self.repair_poisoned(key, &segment);
-                        let segment = self.segment(key).await?;
-                        self.data.read(segment, from, wanted, bytes_left).await
-                    }
-                    other => other,
-                }
-                .map_err(|error| {
-                    tracing::warn!(?key, %error, "a segment read failed");
-                    DataError::from(error)
-                })?;
-            let got = batch.records.len();
+            let Some(records) = self.read_segment(key, from, wanted, bytes_left).await? else {
+                // Metadata dropped it after we looked (retention): count it as expired. A
+                // segment metadata still lists but whose file is missing is damage instead.
+                read.skipped += end - offset;
+                offset = end;
+                continue;
+            };
+            let got = records.len();
             if got == 0 {
                 // Metadata says records lie here and the segment has none to give (a sealed
                 // file shorter than its recorded end): damage, never a silent end of the range.
@@ -298,15 +274,15 @@ impl Broker {
                     detail: format!("segment {key:?} holds no record at offset {from}"),
                 });
             }
-            for stored in batch.records {
-                let bytes = wire_bytes(&stored.record);
+            for record in records {
+                let bytes = wire_bytes(&record);
                 let alone = page_empty && read.records.is_empty();
                 if read.wire_bytes + bytes > budget && !alone {
                     full = true;
                     break;
                 }
                 read.wire_bytes += bytes;
-                read.records.push(stored.record);
+                read.records.push(record);
                 offset += 1;
             }
             // A segment read that stopped short (its byte budget, a page limit) ends this
@@ -318,6 +294,61 @@ impl Broker {
         let drained = !range.is_active() && offset >= range_end;
         read.next = if drained { RangePosition::Drained } else { RangePosition::At(offset) };
         Ok(read)
+    }
+
+    /// Up to `wanted` records (about `bytes_max` bytes) of segment `key` from `from`, from
+    /// this broker's file or the holder's; `None` once metadata no longer lists the segment.
+    pub(crate) async fn read_segment(
+        &self,
+        key: SegmentKey,
+        from: u64,
+        wanted: u32,
+        bytes_max: u64,
+    ) -> Result<Option<Vec<Record>>, LogError> {
+        if let Some(holder) = self.holder_elsewhere(key) {
+            return Ok(match self.remote_read(holder, key, (from, wanted, bytes_max)).await? {
+                Remote::Done(records) => Some(records),
+                Remote::FencedOrGone => None,
+            });
+        }
+        let segment = match self.segment(key).await {
+            Ok(segment) => segment,
+            Err(DataError::Gone(_)) => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        let batch = match self.data.read(Arc::clone(&segment), from, wanted, bytes_max).await {
+            // A write or seal that failed poisoned the head; if no produce comes to repair it,
+            // the reader must (found by the simulator: a drained topic read `storage_failed`
+            // forever after a full disk). Reopened, it holds exactly the durable records,
+            // which are all a reader may see anyway.
+            Err(ReadError::Poisoned { .. }) => {
+                self.repair_poisoned(key, &segment);
+                let segment = self.segment(key).await?;
+                self.data.read(segment, from, wanted, bytes_max).await
+            }
+            other => other,
+        }
+        .map_err(|error| {
+            tracing::warn!(?key, %error, "a segment read failed");
+            DataError::from(error)
+        })?;
+        Ok(Some(batch.records.into_iter().map(|stored| stored.record).collect()))
+    }
+
+    /// The durable end of active segment `key`, here or on its holder; `None` once metadata
+    /// no longer lists it.
+    pub(crate) async fn segment_end(&self, key: SegmentKey) -> Result<Option<u64>, LogError> {
+        if let Some(holder) = self.holder_elsewhere(key) {
+            return Ok(match self.remote_end(holder, key).await? {
+                Remote::Done(end) => Some(end),
+                Remote::FencedOrGone => None,
+            });
+        }
+        match self.active_durable_end(key).await {
+            Ok(end) => Ok(Some(end)),
+            Err(DataError::Gone(_)) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
     }
 
     fn segment_spans(&self, topic_id: u64, range_id: u32) -> Vec<SegmentSpan> {

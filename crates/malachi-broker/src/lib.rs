@@ -17,6 +17,7 @@ pub mod maintenance;
 pub mod node;
 pub mod notify;
 pub mod produce;
+mod remote;
 mod segments;
 pub mod testing;
 #[cfg(test)]

@@ -10,12 +10,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::join_all;
+
 use malachi_log::{AppendError, Record};
 use malachi_meta::key_point;
 
 use crate::data::{DataError, SegmentKey};
 use crate::error::LogError;
 use crate::node::Broker;
+use crate::remote::Remote;
 
 /// Re-route attempts after a fenced head before answering `migrating`.
 const ROUTE_ATTEMPTS_MAX: u32 = 64;
@@ -26,10 +29,19 @@ pub struct Spread {
     next: u64,
 }
 
+/// What one part of a routing pass came to: records to re-route, the first failure, and
+/// whether any records were appended.
+#[derive(Default)]
+pub(crate) struct Pass {
+    pub(crate) fenced: Vec<usize>,
+    pub(crate) failure: Option<LogError>,
+    pub(crate) appended_any: bool,
+}
+
 /// Records bound for one segment, with their positions in the request.
-struct RangeBatch {
-    key: SegmentKey,
-    indexes: Vec<usize>,
+pub(crate) struct RangeBatch {
+    pub(crate) key: SegmentKey,
+    pub(crate) indexes: Vec<usize>,
 }
 
 impl Broker {
@@ -71,8 +83,8 @@ impl Broker {
         Err(LogError::Migrating)
     }
 
-    /// One routing pass: appends every pending record to its range's head and returns the
-    /// records whose head turned out to be fenced.
+    /// One routing pass: appends every pending record to its range's head (here, or on the
+    /// broker holding it) and returns the records whose head turned out to be fenced.
     async fn append_routed(
         &self,
         topic_id: u64,
@@ -80,47 +92,35 @@ impl Broker {
         slots: &[u64],
         pending: Vec<usize>,
     ) -> Result<Vec<usize>, LogError> {
-        let batches = self.route(topic_id, records, slots, pending)?;
-        let mut appends = Vec::with_capacity(batches.len());
-        let mut sizes = Vec::with_capacity(batches.len());
-        for batch in &batches {
-            let segment = self.segment(batch.key).await?;
-            let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
-            sizes.push(owned.iter().map(Record::user_bytes).sum::<u64>());
-            appends.push((segment, owned));
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for batch in self.route(topic_id, records, slots, pending)? {
+            match self.holder_elsewhere(batch.key) {
+                Some(holder) => remote.push((holder, batch)),
+                None => local.push(batch),
+            }
         }
-        let segments: Vec<Arc<malachi_log::Segment>> =
-            appends.iter().map(|(segment, _)| Arc::clone(segment)).collect();
-        // Every range's records are staged first and then wait together: one round of the
-        // node's group commit covers the whole request, whatever the number of ranges.
-        let outcomes = self.data.append_all(appends).await;
+        let forwarded = remote.iter().map(|(holder, batch)| {
+            let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
+            async move { self.remote_append(*holder, batch.key, &owned).await }
+        });
+        let (local, forwarded) =
+            tokio::join!(self.append_local(local, records), join_all(forwarded));
+        let mut passes = vec![local];
+        for ((_, batch), outcome) in remote.into_iter().zip(forwarded) {
+            passes.push(match outcome {
+                Ok(Remote::Done(())) => Pass { appended_any: true, ..Pass::default() },
+                Ok(Remote::FencedOrGone) => Pass { fenced: batch.indexes, ..Pass::default() },
+                Err(error) => Pass { failure: Some(error), ..Pass::default() },
+            });
+        }
+        let appended_any = passes.iter().any(|pass| pass.appended_any);
         let mut fenced = Vec::new();
         let mut failure = None;
-        let mut appended_any = false;
-        let joined = batches.into_iter().zip(sizes).zip(segments).zip(outcomes);
-        for (((batch, bytes), segment), outcome) in joined {
-            match outcome {
-                Ok(_) => {
-                    let active_bytes = segment.status().durable_bytes;
-                    self.after_append(batch.key, batch.indexes.len() as u64, bytes, active_bytes);
-                    appended_any = true;
-                }
-                Err(AppendError::Sealed { .. }) => {
-                    self.heal_sealed_head(
-                        batch.key.topic_id,
-                        batch.key.range_id,
-                        batch.key.segment_id,
-                    )
-                    .await?;
-                    fenced.extend(batch.indexes);
-                }
-                Err(error) => {
-                    if let AppendError::Poisoned { cause } = error {
-                        tracing::error!(key = ?batch.key, %cause, "an append failed on storage");
-                        self.repair_poisoned(batch.key, &segment);
-                    }
-                    failure.get_or_insert(LogError::from(DataError::Append(error)));
-                }
+        for pass in passes {
+            fenced.extend(pass.fenced);
+            if let Some(error) = pass.failure {
+                failure.get_or_insert(error);
             }
         }
         match failure {
@@ -136,6 +136,59 @@ impl Broker {
                 Ok(fenced)
             }
         }
+    }
+
+    /// Appends the batches bound for this broker's own heads.
+    pub(crate) async fn append_local(&self, batches: Vec<RangeBatch>, records: &[Record]) -> Pass {
+        let mut pass = Pass::default();
+        let mut appends = Vec::with_capacity(batches.len());
+        let mut sizes = Vec::with_capacity(batches.len());
+        for batch in &batches {
+            let segment = match self.segment(batch.key).await {
+                Ok(segment) => segment,
+                Err(error) => {
+                    pass.failure = Some(error.into());
+                    return pass;
+                }
+            };
+            let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
+            sizes.push(owned.iter().map(Record::user_bytes).sum::<u64>());
+            appends.push((segment, owned));
+        }
+        let segments: Vec<Arc<malachi_log::Segment>> =
+            appends.iter().map(|(segment, _)| Arc::clone(segment)).collect();
+        // Every range's records are staged first and then wait together: one round of the
+        // node's group commit covers the whole request, whatever the number of ranges.
+        let outcomes = self.data.append_all(appends).await;
+        let joined = batches.into_iter().zip(sizes).zip(segments).zip(outcomes);
+        for (((batch, bytes), segment), outcome) in joined {
+            match outcome {
+                Ok(_) => {
+                    let active_bytes = segment.status().durable_bytes;
+                    self.after_append(batch.key, batch.indexes.len() as u64, bytes, active_bytes);
+                    pass.appended_any = true;
+                }
+                Err(AppendError::Sealed { .. }) => {
+                    let healed = self.heal_sealed_head(
+                        batch.key.topic_id,
+                        batch.key.range_id,
+                        batch.key.segment_id,
+                    );
+                    if let Err(error) = healed.await {
+                        pass.failure.get_or_insert(error);
+                    }
+                    pass.fenced.extend(batch.indexes);
+                }
+                Err(error) => {
+                    if let AppendError::Poisoned { cause } = error {
+                        tracing::error!(key = ?batch.key, %cause, "an append failed on storage");
+                        self.repair_poisoned(batch.key, &segment);
+                    }
+                    pass.failure.get_or_insert(LogError::from(DataError::Append(error)));
+                }
+            }
+        }
+        pass
     }
 
     /// Groups pending records by the head segment of the range that owns them, keeping each
@@ -172,7 +225,13 @@ impl Broker {
 
     /// Load accounting and the size-based roll check after a durable append; `active_bytes` is
     /// the segment's size now.
-    fn after_append(&self, key: SegmentKey, records: u64, bytes: u64, active_bytes: u64) {
+    pub(crate) fn after_append(
+        &self,
+        key: SegmentKey,
+        records: u64,
+        bytes: u64,
+        active_bytes: u64,
+    ) {
         let now_ms = self.clock.now_ms();
         self.load.lock().expect("load lock poisoned").record(
             key.topic_id,

@@ -41,6 +41,8 @@ pub enum Service {
     Raft = 1,
     /// A cluster control call: join, address exchange (`kind` names it).
     Cluster = 2,
+    /// A segment operation forwarded to the broker holding the segment: append, read, end.
+    Data = 3,
 }
 
 impl Service {
@@ -48,6 +50,7 @@ impl Service {
         match code {
             1 => Some(Service::Raft),
             2 => Some(Service::Cluster),
+            3 => Some(Service::Data),
             _ => None,
         }
     }

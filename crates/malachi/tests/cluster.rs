@@ -148,9 +148,34 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
         user.fetch("t1", &options).await.map(drop).map_err(|e| e.to_string())
     })
     .await;
-    // A segment held by another broker is refused with a retryable reason, never created here.
-    let elsewhere = clients[0].produce("t2", vec![RecordBuilder::new("x").build()]).await;
-    assert!(elsewhere.unwrap_err().to_string().contains("not_owner"));
+    // Any broker serves any topic: produce through every broker to every topic (the records
+    // go to the broker holding the segment), then read every topic through every broker.
+    for (i, client) in clients.iter().enumerate() {
+        for topic in ["t1", "t2", "t3"] {
+            let batch = (0..5)
+                .map(|n| RecordBuilder::new(format!("via{}-{n}", i + 1)).key(format!("k{n}")).build())
+                .collect();
+            assert_eq!(client.produce(topic, batch).await.unwrap(), 5, "{topic} via {}", i + 1);
+        }
+    }
+    for client in &clients {
+        for topic in ["t1", "t2", "t3"] {
+            let (read, _) = common::drain(client, topic, None).await;
+            assert_eq!(read.len(), 35, "{topic}");
+            // Per key, the records of each producing broker are in the order produced.
+            for via in 1..=3 {
+                let mine: Vec<String> = read
+                    .iter()
+                    .map(common::value)
+                    .filter(|value| value.starts_with(&format!("via{via}-")))
+                    .collect();
+                let expected: Vec<String> = (0..5).map(|n| format!("via{via}-{n}")).collect();
+                let mut sorted = mine.clone();
+                sorted.sort();
+                assert_eq!(sorted, expected, "{topic}");
+            }
+        }
+    }
 
     // Kill the broker leading the vnode group (1), measured from the kill to the first
     // metadata write that succeeds through a survivor.
@@ -174,10 +199,17 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     clients[other].create_user("late", "user-password-1", &["consume"]).await.unwrap();
     let topics = clients[other].list_topics().await.unwrap();
     assert!(topics.contains(&"after-kill".to_string()), "{topics:?}");
-    // Data held by a survivor is still served.
+    // Data held by a survivor is still served, through either survivor; data held by the
+    // killed broker waits for it with a retryable reason (replication removes that wait).
     let held = format!("t{}", survivor + 1);
-    let (read, _) = common::drain(&clients[survivor], &held, None).await;
-    assert_eq!(read.len(), 20);
+    for client in [&clients[survivor], &clients[other]] {
+        let (read, _) = common::drain(client, &held, None).await;
+        assert_eq!(read.len(), 35);
+    }
+    let orphan = format!("t{}", leader + 1);
+    let waiting = clients[survivor].produce(&orphan, vec![RecordBuilder::new("x").build()]).await;
+    let waiting = waiting.unwrap_err();
+    assert!(waiting.is_retryable(), "{waiting}");
 
     // The killed broker comes back as the same member and catches up.
     members[leader].start();
@@ -187,9 +219,13 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
         if topics.contains(&"after-kill".to_string()) { Ok(()) } else { Err(format!("{topics:?}")) }
     })
     .await;
-    let own = format!("t{}", leader + 1);
-    let (read, _) = common::drain(&back, &own, None).await;
-    assert_eq!(read.len(), 20, "its own segments survived the kill");
+    let (read, _) = common::drain(&back, &orphan, None).await;
+    assert_eq!(read.len(), 35, "its own segments survived the kill");
+    eventually("the survivors reach the restarted broker's data", || async {
+        let batch = vec![RecordBuilder::new("after").build()];
+        clients[survivor].produce(&orphan, batch).await.map(drop).map_err(|e| e.to_string())
+    })
+    .await;
     back.create_topic("after-restart").await.unwrap();
 }
 

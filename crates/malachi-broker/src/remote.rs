@@ -1,0 +1,367 @@
+//! Segment operations on the broker that holds the segment, for a broker that does not: any
+//! broker serves any produce and fetch, and the records go to (or come from) the holder over
+//! the inter-node transport (`Service::Data`).
+//!
+//! The receiving broker routes, fences and builds cursors as for its own segments; only the
+//! leaf operations on one segment travel: append a batch (answered once it is durable on the
+//! holder), read from an offset, and the durable end of an active segment. The holder runs them
+//! through its own door ([`Broker::segment`]), so its fences, group commit and load accounting
+//! apply exactly as for a local client.
+//!
+//! Layouts (little-endian): a request is the segment key (`topic_id` u64, `range_id` u32,
+//! `segment_id` u64) then the operation's arguments; an answer starts with a status byte: 0
+//! done (then the result), 1 fenced (append: the head was sealed; re-route) or gone (read and
+//! end: metadata no longer lists the segment), 2 failed (then `retryable` u8 and the wire reason
+//! as UTF-8). Records are `count` u32, then per record `flags` u8 (1 key present, 2
+//! tombstone), `timestamp_ms` u64, key, value, `headers` u16 and each header's name and value,
+//! every byte string as `len` u32 then the bytes.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use malachi_log::Record;
+use malachi_transport::{Request, Service};
+
+use crate::data::SegmentKey;
+use crate::error::LogError;
+use crate::node::Broker;
+use crate::produce::RangeBatch;
+
+/// Data calls (`Service::Data`), by `kind`. Wire values; never reuse one.
+pub const CALL_APPEND: u8 = 1;
+pub const CALL_READ: u8 = 2;
+pub const CALL_END: u8 = 3;
+
+/// How long a forwarded operation may take: an append waits for the holder's fsync, which a
+/// busy disk can delay for seconds.
+const DATA_CALL_TIMEOUT_MS: u64 = 30_000;
+
+const DONE: u8 = 0;
+const FENCED_OR_GONE: u8 = 1;
+const FAILED: u8 = 2;
+
+/// What a forwarded leaf operation came to.
+pub(crate) enum Remote<T> {
+    Done(T),
+    /// Append: the head was sealed under the request. Read or end: the segment is gone.
+    FencedOrGone,
+}
+
+impl Broker {
+    /// The broker holding `key` (its primary) when that is not this one.
+    pub(crate) fn holder_elsewhere(&self, key: SegmentKey) -> Option<u64> {
+        self.meta.read(|meta| {
+            let segment = meta.0.segment(key.segment_id)?;
+            (!segment.replicas.contains(&self.node_id))
+                .then(|| segment.replicas.first().copied())?
+        })
+    }
+
+    /// Appends `records` to `key` on `holder`; done once durable there.
+    pub(crate) async fn remote_append(
+        &self,
+        holder: u64,
+        key: SegmentKey,
+        records: &[Record],
+    ) -> Result<Remote<()>, LogError> {
+        let mut payload = encode_key(key);
+        encode_records(records, &mut payload);
+        let answer = self.data_call(holder, CALL_APPEND, payload).await?;
+        decode_answer(&answer, |_| Ok(()))
+    }
+
+    /// Reads up to `wanted` records (and about `bytes_max` bytes) of `key` from `from` on
+    /// `holder`.
+    pub(crate) async fn remote_read(
+        &self,
+        holder: u64,
+        key: SegmentKey,
+        (from, wanted, bytes_max): (u64, u32, u64),
+    ) -> Result<Remote<Vec<Record>>, LogError> {
+        let mut payload = encode_key(key);
+        payload.extend_from_slice(&from.to_le_bytes());
+        payload.extend_from_slice(&wanted.to_le_bytes());
+        payload.extend_from_slice(&bytes_max.to_le_bytes());
+        let answer = self.data_call(holder, CALL_READ, payload).await?;
+        decode_answer(&answer, |body| decode_records(&mut Reader(body)))
+    }
+
+    /// The durable end of active segment `key` on `holder`.
+    pub(crate) async fn remote_end(
+        &self,
+        holder: u64,
+        key: SegmentKey,
+    ) -> Result<Remote<u64>, LogError> {
+        let answer = self.data_call(holder, CALL_END, encode_key(key)).await?;
+        decode_answer(&answer, |body| Reader(body).u64())
+    }
+
+    async fn data_call(
+        &self,
+        holder: u64,
+        kind: u8,
+        payload: Vec<u8>,
+    ) -> Result<Vec<u8>, LogError> {
+        let transport = self.transport().ok_or(LogError::NotOwner { holders: vec![holder] })?;
+        let request = Request {
+            service: Service::Data,
+            group_id: 0,
+            kind,
+            source_node_id: self.node_id,
+            payload,
+        };
+        let timeout = Duration::from_millis(DATA_CALL_TIMEOUT_MS);
+        transport.call(holder, request, timeout).await.map_err(|error| {
+            LogError::Unavailable(format!("broker {holder}, which holds the segment: {error}"))
+        })
+    }
+
+    /// Answers a peer's data call on a segment this broker holds.
+    pub(crate) async fn handle_data_call(&self, request: Request) -> Result<Vec<u8>, String> {
+        let mut reader = Reader(&request.payload);
+        let key = decode_key(&mut reader)?;
+        let mut answer = vec![DONE];
+        let outcome = match request.kind {
+            CALL_APPEND => {
+                let records = decode_records(&mut reader)?;
+                self.append_here(key, records).await
+            }
+            CALL_READ => {
+                let (from, wanted, bytes_max) = (reader.u64()?, reader.u32()?, reader.u64()?);
+                match self.read_segment(key, from, wanted, bytes_max).await {
+                    Ok(Some(records)) => {
+                        encode_records(&records, &mut answer);
+                        Ok(true)
+                    }
+                    Ok(None) => Ok(false),
+                    Err(error) => Err(error),
+                }
+            }
+            CALL_END => match self.segment_end(key).await {
+                Ok(Some(end)) => {
+                    answer.extend_from_slice(&end.to_le_bytes());
+                    Ok(true)
+                }
+                Ok(None) => Ok(false),
+                Err(error) => Err(error),
+            },
+            other => return Err(format!("unknown data call {other}")),
+        };
+        Ok(match outcome {
+            Ok(true) => answer,
+            Ok(false) => vec![FENCED_OR_GONE],
+            Err(error) => {
+                let mut failed = vec![FAILED, u8::from(error.is_retryable())];
+                failed.extend_from_slice(error.reason().as_bytes());
+                failed
+            }
+        })
+    }
+
+    /// A peer's batch for a head this broker holds, appended as a local produce's: `true`
+    /// once durable, `false` if the head was sealed under it (healed here; the sender
+    /// re-routes).
+    async fn append_here(&self, key: SegmentKey, records: Vec<Record>) -> Result<bool, LogError> {
+        if let Some(holder) = self.holder_elsewhere(key) {
+            return Err(LogError::NotOwner { holders: vec![holder] });
+        }
+        let batch = RangeBatch { key, indexes: (0..records.len()).collect() };
+        let pass = self.append_local(vec![batch], &records).await;
+        if pass.appended_any {
+            self.notifier.notify(key.topic_id);
+        }
+        match pass.failure {
+            Some(error) => Err(error),
+            None => Ok(pass.fenced.is_empty()),
+        }
+    }
+}
+
+fn encode_key(key: SegmentKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(20);
+    out.extend_from_slice(&key.topic_id.to_le_bytes());
+    out.extend_from_slice(&key.range_id.to_le_bytes());
+    out.extend_from_slice(&key.segment_id.to_le_bytes());
+    out
+}
+
+fn decode_key(reader: &mut Reader<'_>) -> Result<SegmentKey, String> {
+    Ok(SegmentKey { topic_id: reader.u64()?, range_id: reader.u32()?, segment_id: reader.u64()? })
+}
+
+fn decode_answer<T>(
+    answer: &[u8],
+    done: impl FnOnce(&[u8]) -> Result<T, String>,
+) -> Result<Remote<T>, LogError> {
+    let malformed =
+        |detail: String| LogError::Unavailable(format!("malformed data answer: {detail}"));
+    match answer.split_first() {
+        Some((&DONE, body)) => done(body).map(Remote::Done).map_err(malformed),
+        Some((&FENCED_OR_GONE, _)) => Ok(Remote::FencedOrGone),
+        Some((&FAILED, [retryable, reason @ ..])) => Err(LogError::Remote {
+            reason: String::from_utf8_lossy(reason).into_owned(),
+            retryable: *retryable != 0,
+        }),
+        _ => Err(malformed("unknown status".to_string())),
+    }
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = u32::try_from(bytes.len()).expect("records are bounded far below 4 GiB");
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+pub(crate) fn encode_records(records: &[Record], out: &mut Vec<u8>) {
+    let count = u32::try_from(records.len()).expect("batches are bounded far below 4 G records");
+    out.extend_from_slice(&count.to_le_bytes());
+    for record in records {
+        let flags = u8::from(record.key.is_some()) | (u8::from(record.tombstone) << 1);
+        out.push(flags);
+        out.extend_from_slice(&record.timestamp_ms.to_le_bytes());
+        put_bytes(out, record.key.as_deref().unwrap_or_default());
+        put_bytes(out, &record.value);
+        let headers = u16::try_from(record.headers.len()).expect("headers are bounded by limits");
+        out.extend_from_slice(&headers.to_le_bytes());
+        for (name, value) in &record.headers {
+            put_bytes(out, name);
+            put_bytes(out, value);
+        }
+    }
+}
+
+pub(crate) fn decode_records(reader: &mut Reader<'_>) -> Result<Vec<Record>, String> {
+    let count = reader.u32()? as usize;
+    // Every record takes at least 19 bytes: never reserve more than the payload can hold.
+    let mut records = Vec::with_capacity(count.min(reader.0.len() / 19));
+    for _ in 0..count {
+        let flags = reader.u8()?;
+        if flags & !3 != 0 {
+            return Err(format!("unknown record flags {flags:#x}"));
+        }
+        let timestamp_ms = reader.u64()?;
+        let key = reader.bytes()?;
+        let value = reader.bytes()?;
+        let header_count = reader.u16()?;
+        let mut headers = Vec::with_capacity(usize::from(header_count).min(reader.0.len() / 8));
+        for _ in 0..header_count {
+            headers.push((reader.bytes()?, reader.bytes()?));
+        }
+        let key = (flags & 1 != 0).then_some(key);
+        records.push(Record { key, value, headers, timestamp_ms, tombstone: flags & 2 != 0 });
+    }
+    if !reader.0.is_empty() {
+        return Err(format!("{} bytes after the records", reader.0.len()));
+    }
+    Ok(records)
+}
+
+/// Reads little-endian fields off the front of a byte slice, failing on a short one.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        let Some((head, rest)) = self.0.split_first_chunk::<N>() else {
+            return Err("truncated data call".to_string());
+        };
+        self.0 = rest;
+        Ok(*head)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, String> {
+        self.take().map(u16::from_le_bytes)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        self.take().map(u64::from_le_bytes)
+    }
+
+    fn bytes(&mut self) -> Result<Bytes, String> {
+        let len = self.u32()? as usize;
+        if len > self.0.len() {
+            return Err("truncated data call".to_string());
+        }
+        let (bytes, rest) = self.0.split_at(len);
+        self.0 = rest;
+        Ok(Bytes::copy_from_slice(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = Record> {
+        let bytes = || proptest::collection::vec(any::<u8>(), 0..40).prop_map(Bytes::from);
+        (
+            proptest::option::of(bytes()),
+            bytes(),
+            proptest::collection::vec((bytes(), bytes()), 0..4),
+            any::<u64>(),
+            any::<bool>(),
+        )
+            .prop_map(|(key, value, headers, timestamp_ms, tombstone)| Record {
+                key,
+                value,
+                headers,
+                timestamp_ms,
+                tombstone,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip(records in proptest::collection::vec(record(), 0..20)) {
+            let mut bytes = Vec::new();
+            encode_records(&records, &mut bytes);
+            prop_assert_eq!(decode_records(&mut Reader(&bytes)).unwrap(), records.clone());
+            // Every strict prefix is refused, never misread.
+            for cut in 0..bytes.len() {
+                prop_assert!(decode_records(&mut Reader(&bytes[..cut])).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn answers_decode_by_status() {
+        let done = decode_answer(&[DONE, 7, 0, 0, 0, 0, 0, 0, 0], |body| Reader(body).u64());
+        assert!(matches!(done, Ok(Remote::Done(7))));
+        assert!(matches!(decode_answer(&[FENCED_OR_GONE], |_| Ok(())), Ok(Remote::FencedOrGone)));
+        let mut failed = vec![FAILED, 1];
+        failed.extend_from_slice(b"disk_full");
+        match decode_answer(&failed, |_| Ok(())) {
+            Err(error @ LogError::Remote { .. }) => {
+                assert_eq!(error.reason(), "disk_full");
+                assert!(error.is_retryable());
+            }
+            _ => panic!("a failure answer is the holder's reason"),
+        }
+        for bad in [&[][..], &[9], &[FAILED]] {
+            assert!(matches!(decode_answer(bad, |_| Ok(())), Err(LogError::Unavailable(_))));
+        }
+        assert!(matches!(
+            decode_answer(&[DONE, 1, 2], |body| Reader(body).u64()),
+            Err(LogError::Unavailable(_))
+        ));
+        let mut flagged = Vec::new();
+        let record = Record {
+            key: None,
+            value: Bytes::from_static(b"v"),
+            headers: Vec::new(),
+            timestamp_ms: 0,
+            tombstone: false,
+        };
+        encode_records(&[record], &mut flagged);
+        flagged[4] = 0x80;
+        assert!(decode_records(&mut Reader(&flagged)).unwrap_err().contains("flags"));
+    }
+}
