@@ -95,24 +95,45 @@ async fn produce_and_read_back(client: &Client, topic: &str, records: u32) {
     assert_eq!(read.len(), records as usize, "{topic}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
-    let dir = tempfile::tempdir().unwrap();
-    let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let mut members: Vec<Member> = (0..3)
+/// `count` brokers under `dir`: the first starts the cluster, the others join through it.
+fn start_cluster(dir: &std::path::Path, count: usize) -> Vec<Member> {
+    let cluster_ports: Vec<u16> = (0..count).map(|_| free_port()).collect();
+    let mut members: Vec<Member> = (0..count)
         .map(|i| {
             let seed = (i > 0).then_some(cluster_ports[0]);
-            Member::new(
-                &dir.path().join(format!("n{}", i + 1)),
-                i as u64 + 1,
-                cluster_ports[i],
-                seed,
-            )
+            Member::new(&dir.join(format!("n{}", i + 1)), i as u64 + 1, cluster_ports[i], seed)
         })
         .collect();
     for member in &mut members {
         member.start();
     }
+    members
+}
+
+/// The Node client written from the wire spec runs unchanged against every broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_client_is_served_by_every_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = start_cluster(dir.path(), 3);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/wire_smoke.js");
+    for member in &members {
+        member.admin().await;
+        let port = member.process.port.to_string();
+        let output = std::process::Command::new("node")
+            .args([script, "127.0.0.1", &port, "app", common::PASSWORD])
+            .output()
+            .expect("Node.js is needed (installed by .ci/run)");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "broker on {port}: {stdout}{stderr}");
+        assert!(stdout.contains("node wire smoke: ok"), "{stdout}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_cluster(dir.path(), 3);
     let mut clients = Vec::new();
     for member in &members {
         clients.push(member.admin().await);
@@ -153,7 +174,9 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     for (i, client) in clients.iter().enumerate() {
         for topic in ["t1", "t2", "t3"] {
             let batch = (0..5)
-                .map(|n| RecordBuilder::new(format!("via{}-{n}", i + 1)).key(format!("k{n}")).build())
+                .map(|n| {
+                    RecordBuilder::new(format!("via{}-{n}", i + 1)).key(format!("k{n}")).build()
+                })
                 .collect();
             assert_eq!(client.produce(topic, batch).await.unwrap(), 5, "{topic} via {}", i + 1);
         }
