@@ -534,6 +534,11 @@ impl Client {
         Ok(call!(self, MergeRanges(request)).range_id)
     }
 
+    /// Key 70 (admin): the cluster as the broker answering sees it.
+    pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, ClientError> {
+        Ok(call!(self, ClusterStatus(Empty)))
+    }
+
     #[cfg(test)]
     pub(crate) fn set_next_corr(&self, corr: u32) {
         self.connection.set_next_corr(corr);

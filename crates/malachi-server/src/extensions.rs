@@ -1,10 +1,10 @@
-//! Malachi's own keys 64-69 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
+//! Malachi's own keys 64-70 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
 //! and create with an initial range count. The original protocol has no keys for these.
 
 use malachi_meta::Operation;
 use malachi_wire::messages::{
-    DescribeTopicResponse, Empty, ListTopicsResponse, MergeRangesResponse, RangeDescription,
-    RangeState, SplitRangeResponse,
+    ClusterBroker, ClusterGroup, ClusterStatusResponse, DescribeTopicResponse, Empty,
+    ListTopicsResponse, MergeRangesResponse, RangeDescription, RangeState, SplitRangeResponse,
 };
 use malachi_wire::{Reason, Request, Response};
 
@@ -41,12 +41,52 @@ pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Requ
         Request::CreateTopicRanges(request) => {
             create(connection, text(&request.topic), request.initial_ranges).await
         }
+        Request::ClusterStatus(_) => Ok(cluster_status(connection)),
         _ => Err(Reason::UnknownApiKey.as_str().to_string()),
     };
     match outcome {
         Ok(response) => Connection::reply(corr, response),
         Err(reason) => Connection::refuse(corr, reason),
     }
+}
+
+/// The cluster as this broker sees it (the caller already checked `admin`).
+fn cluster_status(connection: &Connection) -> Response {
+    let view = connection.broker.cluster_view();
+    let brokers =
+        if view.brokers.is_empty() { vec![connection.broker.own_record()] } else { view.brokers };
+    let clustered = view.cluster_id.is_some();
+    let brokers = brokers
+        .into_iter()
+        .map(|broker| ClusterBroker {
+            node_id: broker.node_id,
+            cluster_address: clustered.then(|| text_bytes(&broker.cluster_address)).flatten(),
+            client_address: text_bytes(&broker.client_address),
+            status: 0,
+            attributes: broker
+                .attributes
+                .iter()
+                .map(|(name, value)| text_bytes(&format!("{name}={value}")))
+                .collect(),
+        })
+        .collect();
+    let groups = view
+        .groups
+        .into_iter()
+        .map(|group| ClusterGroup {
+            group_id: group.group_id,
+            leader: group.leader.unwrap_or(0),
+            term: group.term,
+            voters: group.voters.into_iter().collect(),
+            learners: group.learners.into_iter().collect(),
+        })
+        .collect();
+    Response::ClusterStatus(ClusterStatusResponse {
+        node_id: view.node_id,
+        cluster_id: view.cluster_id.as_deref().and_then(text_bytes),
+        brokers,
+        groups,
+    })
 }
 
 /// Names of the topics this session may produce to or consume from.

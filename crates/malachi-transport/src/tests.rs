@@ -116,6 +116,24 @@ fn peer_on_own_runtime(node_id: u64, listener: std::net::TcpListener) -> tokio::
     runtime
 }
 
+/// Binds `address` again once the runtime shut down in the background has closed the listener
+/// it held there (its worker thread drops the socket a moment after `shutdown_background`).
+fn rebind(address: &str) -> std::net::TcpListener {
+    for _ in 0..500 {
+        match std::net::TcpListener::bind(address) {
+            Ok(listener) => {
+                listener.set_nonblocking(true).unwrap();
+                return listener;
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(error) => panic!("binding {address} again: {error}"),
+        }
+    }
+    panic!("{address} was still taken 5 s after its listener's runtime shut down");
+}
+
 fn std_listener(address: &str) -> std::net::TcpListener {
     let listener = std::net::TcpListener::bind(address).unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -139,7 +157,7 @@ async fn a_restarted_peer_is_reached_again() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // ... and once it is back on the same address, calls reconnect.
-    let second = peer_on_own_runtime(2, std_listener(&address));
+    let second = peer_on_own_runtime(2, rebind(&address));
     assert_eq!(client.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"1:0:c");
     // The call made no second link slot: one per peer.
     assert_eq!(client.inner.links.lock().unwrap().len(), 1);

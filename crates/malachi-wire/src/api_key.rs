@@ -1,11 +1,11 @@
-//! The api keys 0..=34 of section 3, and Malachi's own 64..=69 (`docs/protocol.md`), with the
+//! The api keys 0..=34 of section 3, and Malachi's own 64..=70 (`docs/protocol.md`), with the
 //! facts a server needs before it decodes a payload.
 
 use std::fmt;
 
 macro_rules! api_keys {
     ($( $(#[$doc:meta])* $variant:ident = $value:literal $name:literal, )*) => {
-        /// A request's `api_key`. Values outside 0..=34 and 64..=69 are not representable: they
+        /// A request's `api_key`. Values outside 0..=34 and 64..=70 are not representable: they
         /// are [`crate::RequestError::UnknownApiKey`] at the envelope.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u16)]
@@ -14,7 +14,7 @@ macro_rules! api_keys {
         }
 
         impl ApiKey {
-            /// Every key, in numeric order: the original's 0..=34, then Malachi's 64..=69.
+            /// Every key, in numeric order: the original's 0..=34, then Malachi's 64..=70.
             pub const ALL: &'static [ApiKey] = &[$( ApiKey::$variant, )*];
 
             pub const fn from_u16(value: u16) -> Option<ApiKey> {
@@ -80,6 +80,7 @@ api_keys! {
     SplitRange = 67 "split_range",
     MergeRanges = 68 "merge_ranges",
     CreateTopicRanges = 69 "create_topic_ranges",
+    ClusterStatus = 70 "cluster_status",
 }
 
 impl ApiKey {
@@ -93,15 +94,15 @@ impl ApiKey {
         matches!(self, ApiKey::Auth | ApiKey::MtlsAuth | ApiKey::TokenAuth)
     }
 
-    /// Keys 8–11 and 14–23, and our 66–68 (delete, split, merge). Section 3.0: for these the
+    /// Keys 8–11 and 14–23, and our 66–68 (delete, split, merge) and 70 (cluster status). Section 3.0: for these the
     /// server checks `admin` before decoding the payload, so a non-admin gets
     /// `permission_denied` even for a garbled payload. Keys 1–7 decode first and check
     /// permissions after.
     pub const fn requires_admin(self) -> bool {
-        matches!(self.as_u16(), 8..=11 | 14..=23 | 66..=68)
+        matches!(self.as_u16(), 8..=11 | 14..=23 | 66..=68 | 70)
     }
 
-    /// Malachi's own keys (64..=69), which the original protocol does not have.
+    /// Malachi's own keys (64..=70), which the original protocol does not have.
     pub const fn is_extension(self) -> bool {
         self.as_u16() >= ApiKey::ListTopics.as_u16()
     }
@@ -124,15 +125,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_dense_from_0_to_34_then_64_to_69() {
-        assert_eq!(ApiKey::ALL.len(), 35 + 6);
-        let values = (0_u16..=34).chain(64..=69);
+    fn keys_are_dense_from_0_to_34_then_64_to_70() {
+        assert_eq!(ApiKey::ALL.len(), 35 + 7);
+        let values = (0_u16..=34).chain(64..=70);
         for (value, key) in values.zip(ApiKey::ALL) {
             assert_eq!(key.as_u16(), value);
             assert_eq!(ApiKey::from_u16(value), Some(*key));
             assert_eq!(key.is_extension(), value >= 64, "{key}");
         }
-        for value in [35, 63, 70, 99, 0x00ff, u16::MAX] {
+        for value in [35, 63, 71, 99, 0x00ff, u16::MAX] {
             assert_eq!(ApiKey::from_u16(value), None);
         }
     }
@@ -162,6 +163,7 @@ mod tests {
             (ApiKey::SplitRange, false, true, true),
             (ApiKey::MergeRanges, false, true, true),
             (ApiKey::CreateTopicRanges, false, false, true),
+            (ApiKey::ClusterStatus, false, true, true),
         ];
         for (key, auth, admin, reply) in cases {
             assert_eq!(key.is_auth(), *auth, "{key}");
@@ -169,6 +171,6 @@ mod tests {
             assert_eq!(key.has_reply(), *reply, "{key}");
         }
         let admin_count = ApiKey::ALL.iter().filter(|key| key.requires_admin()).count();
-        assert_eq!(admin_count, 14 + 3, "8-11, 14-23 and 66-68");
+        assert_eq!(admin_count, 14 + 4, "8-11, 14-23, 66-68 and 70");
     }
 }

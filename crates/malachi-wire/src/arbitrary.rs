@@ -185,7 +185,38 @@ pub(crate) fn arb_request_for(key: ApiKey) -> BoxedStrategy<Request> {
                 Request::CreateTopicRanges(CreateTopicRangesRequest { topic, initial_ranges })
             })
             .boxed(),
+        ApiKey::ClusterStatus => Just(Request::ClusterStatus(Empty)).boxed(),
     }
+}
+
+fn arb_cluster_status() -> impl Strategy<Value = ClusterStatusResponse> {
+    let broker = (any::<u64>(), opt_str(), opt_str(), any::<u8>(), vec(opt_str(), 0..3)).prop_map(
+        |(node_id, cluster_address, client_address, status, attributes)| ClusterBroker {
+            node_id,
+            cluster_address,
+            client_address,
+            status,
+            attributes,
+        },
+    );
+    let ids = || vec(any::<u64>(), 0..4);
+    let group = (any::<u64>(), any::<u64>(), any::<u64>(), ids(), ids()).prop_map(
+        |(group_id, leader, term, voters, learners)| ClusterGroup {
+            group_id,
+            leader,
+            term,
+            voters,
+            learners,
+        },
+    );
+    (any::<u64>(), opt_str(), vec(broker, 0..3), vec(group, 0..3)).prop_map(
+        |(node_id, cluster_id, brokers, groups)| ClusterStatusResponse {
+            node_id,
+            cluster_id,
+            brokers,
+            groups,
+        },
+    )
 }
 
 pub(crate) fn arb_response_for(key: ApiKey) -> BoxedStrategy<Response> {
@@ -289,6 +320,7 @@ pub(crate) fn arb_response_for(key: ApiKey) -> BoxedStrategy<Response> {
             .prop_map(|range_id| Response::MergeRanges(MergeRangesResponse { range_id }))
             .boxed(),
         ApiKey::CreateTopicRanges => Just(Response::CreateTopicRanges(Empty)).boxed(),
+        ApiKey::ClusterStatus => arb_cluster_status().prop_map(Response::ClusterStatus).boxed(),
         ApiKey::StreamAck | ApiKey::Append | ApiKey::ConsumeAck => {
             unreachable!("{key} has no ok reply; callers filter with has_reply")
         }

@@ -1,4 +1,4 @@
-//! Golden vectors for Malachi's own keys 64–69, one request and one ok answer each, in the
+//! Golden vectors for Malachi's own keys 64–70, one request and one ok answer each, in the
 //! notation of section 6 (`docs/protocol.md` repeats them). Computed by a small independent
 //! Python encoder written from the layouts in `docs/protocol.md`; they pin the bytes so the
 //! server, the client and the document cannot drift apart.
@@ -151,6 +151,40 @@ fn vectors() -> Vec<(&'static str, &'static str, Golden)> {
             ok(25, Response::CreateTopicRanges(Empty)),
         ),
         (
+            "E12a cluster_status request",
+            "00000006 0046 0000001a",
+            request(26, Request::ClusterStatus(Empty)),
+        ),
+        (
+            "E12b cluster_status ok",
+            "0000006b 0000001a 0000 0000000000000002 01 00000002 6331 \
+             0001 0000000000000002 01 00000003 683a31 01 00000003 683a32 00 \
+             0001 01 00000006 7261636b3d61 \
+             0001 0000000000000000 0000000000000002 0000000000000003 \
+             0002 0000000000000001 0000000000000002 0000",
+            ok(
+                26,
+                Response::ClusterStatus(ClusterStatusResponse {
+                    node_id: 2,
+                    cluster_id: Some(Bytes::from_static(b"c1")),
+                    brokers: vec![ClusterBroker {
+                        node_id: 2,
+                        cluster_address: Some(Bytes::from_static(b"h:1")),
+                        client_address: Some(Bytes::from_static(b"h:2")),
+                        status: 0,
+                        attributes: vec![Some(Bytes::from_static(b"rack=a"))],
+                    }],
+                    groups: vec![ClusterGroup {
+                        group_id: 0,
+                        leader: 2,
+                        term: 3,
+                        voters: vec![1, 2],
+                        learners: Vec::new(),
+                    }],
+                }),
+            ),
+        ),
+        (
             "E13 split_range refused",
             "00000016 00000017 0001 01 0000000b 6e6f745f62756464696573",
             Golden::Response(
@@ -215,9 +249,9 @@ fn extension_payloads_are_exact() {
             malformed(ApiKey::CreateTopicRanges, 4, DecodeError::InvalidStrFlag { flag: 2 }),
         ),
         (
-            "key 70 is unknown",
-            "0046 00000005",
-            RequestError::UnknownApiKey { api_key: 70, corr: 5 },
+            "key 71 is unknown",
+            "0047 00000005",
+            RequestError::UnknownApiKey { api_key: 71, corr: 5 },
         ),
     ];
     for (name, body, expected) in cases {

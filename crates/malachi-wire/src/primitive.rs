@@ -286,6 +286,20 @@ impl Wire for u32 {
     }
 }
 
+/// `list16<u64>` (node ids).
+impl Wire for u64 {
+    const WIRE_BYTES_MIN: usize = 8;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(*self);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        reader.u64()
+    }
+}
+
 /// A u32 from the wire as an in-memory length. Saturates on targets where `usize` is narrower,
 /// which then fails the bounds check that always follows.
 pub(crate) fn widen(value: u32) -> usize {

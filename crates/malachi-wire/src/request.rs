@@ -100,6 +100,8 @@ requests! {
     SplitRange(SplitRangeRequest),
     MergeRanges(MergeRangesRequest),
     CreateTopicRanges(CreateTopicRangesRequest),
+    /// The payload must be empty.
+    ClusterStatus(Empty),
 }
 
 /// A request body split into its envelope fields, the payload not yet decoded.

@@ -103,6 +103,7 @@ responses! {
         SplitRange(SplitRangeResponse),
         MergeRanges(MergeRangesResponse),
         CreateTopicRanges(Empty),
+        ClusterStatus(ClusterStatusResponse),
     }
     no_reply { StreamAck, Append, ConsumeAck }
 }

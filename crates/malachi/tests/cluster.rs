@@ -160,6 +160,24 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
         })
         .await;
     }
+    // Every broker reports the same three brokers and agrees on the groups' leaders.
+    for (i, client) in clients.iter().enumerate() {
+        eventually(&format!("broker {} reports the cluster", i + 1), || async {
+            let status = client.cluster_status().await.map_err(|e| e.to_string())?;
+            let brokers: Vec<u64> = status.brokers.iter().map(|broker| broker.node_id).collect();
+            let leaders: Vec<u64> = status.groups.iter().map(|group| group.leader).collect();
+            let voters = status.groups.iter().all(|group| group.voters == [1, 2, 3]);
+            let first = clients[0].cluster_status().await.map_err(|e| e.to_string())?;
+            let agreed: Vec<u64> = first.groups.iter().map(|group| group.leader).collect();
+            let ok = status.node_id == i as u64 + 1
+                && brokers == [1, 2, 3]
+                && voters
+                && leaders == agreed
+                && leaders.iter().all(|leader| (1..=3).contains(leader));
+            if ok { Ok(()) } else { Err(format!("{status:?} against leaders {agreed:?}")) }
+        })
+        .await;
+    }
     // A user created through broker 3 logs in through broker 1 and is held to an ACL granted
     // through broker 2.
     clients[1].grant_acl("user3", "consume", "t1").await.unwrap();

@@ -2,10 +2,11 @@
 //! `malachi serve`: the bytes on the socket, not our own codec, decide compatibility. Run twice:
 //! over plain TCP, and over TLS through Node's own `tls` module against a TLS-only broker.
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
 
 #[test]
 fn a_node_client_written_from_the_spec_is_served() {
@@ -40,7 +41,7 @@ fn run_node_smoke(dir: &Path, env: &[(&str, String)], extra_args: &[String]) {
         node.is_ok_and(|output| output.status.success()),
         "Node.js is needed (installed by .ci/run)"
     );
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let mut broker = Command::new(env!("CARGO_BIN_EXE_malachi"))
         .args(["serve", "--port", &port.to_string(), "--data-dir"])
         .arg(dir.join("data"))

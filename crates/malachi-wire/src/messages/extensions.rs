@@ -1,4 +1,4 @@
-//! Malachi's own keys, 64–69: topic listing, description, deletion, and the reshard operations
+//! Malachi's own keys, 64–70: topic listing, description, deletion, and the reshard operations
 //! (split, merge, create with several ranges). The original protocol has nothing for these, so
 //! an original client never sends them; they are numbered well above the original's 0..=34 so
 //! that a later original key cannot collide. Layouts follow the same rules as every other key:
@@ -104,6 +104,111 @@ pub struct MergeRangesResponse {
 pub struct CreateTopicRangesRequest {
     pub topic: Option<Bytes>,
     pub initial_ranges: u32,
+}
+
+/// Key 70's ok answer (the request payload must be empty): the cluster as the answering broker
+/// sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterStatusResponse {
+    /// The answering broker.
+    pub node_id: u64,
+    /// Absent for a broker alone.
+    pub cluster_id: Option<Bytes>,
+    /// `list16`, by node id.
+    pub brokers: Vec<ClusterBroker>,
+    /// `list16`: the Raft groups (0 the administrative group, 1 the vnode).
+    pub groups: Vec<ClusterGroup>,
+}
+
+/// One broker of [`ClusterStatusResponse`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterBroker {
+    pub node_id: u64,
+    /// `host:port` of its inter-node port; absent for a broker alone.
+    pub cluster_address: Option<Bytes>,
+    /// `host:port` of its client port.
+    pub client_address: Option<Bytes>,
+    /// 0 alive, 1 suspect, 2 dead (as `cluster_state`).
+    pub status: u8,
+    /// `list16<str>` of `name=value`.
+    pub attributes: Vec<Option<Bytes>>,
+}
+
+/// One Raft group of [`ClusterStatusResponse`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterGroup {
+    pub group_id: u64,
+    /// 0 when the answering broker knows no leader.
+    pub leader: u64,
+    pub term: u64,
+    /// `list16<u64>`.
+    pub voters: Vec<u64>,
+    /// `list16<u64>`.
+    pub learners: Vec<u64>,
+}
+
+impl Wire for ClusterStatusResponse {
+    const WIRE_BYTES_MIN: usize = 8 + 1 + 2 + 2;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(self.node_id);
+        writer.str(self.cluster_id.as_deref())?;
+        writer.list16(&self.brokers)?;
+        writer.list16(&self.groups)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(ClusterStatusResponse {
+            node_id: reader.u64()?,
+            cluster_id: reader.str()?,
+            brokers: reader.list16()?,
+            groups: reader.list16()?,
+        })
+    }
+}
+
+impl Wire for ClusterBroker {
+    const WIRE_BYTES_MIN: usize = 8 + 1 + 1 + 1 + 2;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(self.node_id);
+        writer.str(self.cluster_address.as_deref())?;
+        writer.str(self.client_address.as_deref())?;
+        writer.u8(self.status);
+        writer.list16(&self.attributes)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(ClusterBroker {
+            node_id: reader.u64()?,
+            cluster_address: reader.str()?,
+            client_address: reader.str()?,
+            status: reader.u8()?,
+            attributes: reader.list16()?,
+        })
+    }
+}
+
+impl Wire for ClusterGroup {
+    const WIRE_BYTES_MIN: usize = 8 + 8 + 8 + 2 + 2;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(self.group_id);
+        writer.u64(self.leader);
+        writer.u64(self.term);
+        writer.list16(&self.voters)?;
+        writer.list16(&self.learners)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(ClusterGroup {
+            group_id: reader.u64()?,
+            leader: reader.u64()?,
+            term: reader.u64()?,
+            voters: reader.list16()?,
+            learners: reader.list16()?,
+        })
+    }
 }
 
 impl Wire for ListTopicsResponse {
@@ -302,5 +407,8 @@ mod tests {
         assert_minimal("MergeRangesRequest", &MergeRangesRequest::default());
         assert_minimal("MergeRangesResponse", &MergeRangesResponse::default());
         assert_minimal("CreateTopicRangesRequest", &CreateTopicRangesRequest::default());
+        assert_minimal("ClusterStatusResponse", &ClusterStatusResponse::default());
+        assert_minimal("ClusterBroker", &ClusterBroker::default());
+        assert_minimal("ClusterGroup", &ClusterGroup::default());
     }
 }

@@ -1,10 +1,11 @@
-//! The client commands: topic, produce, consume, user, acl, policy. Each connects with
+//! The client commands: topic, produce, consume, user, acl, policy, cluster. Each connects with
 //! `malachi-client`, does one job and prints plain text (or JSON lines for `consume --json`).
 //!
 //! Failures come back as one line: what was being done, the server's reason text as sent, and
 //! a hint where one helps (`no_such_topic (create it with ...)`). `main.rs` prints it and exits
 //! non-zero.
 
+mod cluster;
 mod consume;
 mod output;
 mod policy;
@@ -36,6 +37,8 @@ pub enum ClientCommand {
     Acl(users::AclArgs),
     /// Define storage policies and bind them to topics (admin).
     Policy(policy::PolicyArgs),
+    /// The cluster's brokers and Raft groups (admin).
+    Cluster(cluster::ClusterArgs),
 }
 
 pub fn run(command: ClientCommand) -> Result<(), String> {
@@ -51,6 +54,7 @@ pub fn run(command: ClientCommand) -> Result<(), String> {
             ClientCommand::User(args) => users::run_user(args).await,
             ClientCommand::Acl(args) => users::run_acl(args).await,
             ClientCommand::Policy(args) => policy::run(args).await,
+            ClientCommand::Cluster(args) => cluster::run(args).await,
         }
     })
 }
@@ -225,6 +229,7 @@ mod tests {
             "policy bind orders short",
             "policy unbind orders",
             "policy get orders",
+            "cluster status --server 127.0.0.1:4140",
         ];
         for line in lines {
             let words = std::iter::once("malachi").chain(line.split_whitespace());

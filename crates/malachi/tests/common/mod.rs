@@ -13,8 +13,48 @@ use malachi_client::{Client, ClientConfig, FetchOptions, Record};
 
 pub const PASSWORD: &str = "app-password-1";
 
+/// Ports handed to test brokers come from here, below the kernel's ephemeral range (32768 and
+/// up on Linux): a port the kernel handed out with `bind(0)` and the test released may be taken
+/// as the source port of any outgoing connection before the broker binds it (CI saw exactly
+/// that). Each port is reserved across the test processes by a file created exclusively.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A port no other test of this run holds, free on 127.0.0.1 for TCP and UDP now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    let reservations = std::env::temp_dir().join("malachi-test-ports");
+    std::fs::create_dir_all(&reservations).unwrap();
+    let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let mut pick = u64::from(std::process::id()) ^ now.unwrap_or_default().as_nanos() as u64;
+    for _ in 0..span {
+        pick = pick.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let port = TEST_PORTS.start + ((pick >> 33) % span) as u16;
+        if !reserve(&reservations.join(port.to_string())) {
+            continue;
+        }
+        let tcp = TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free test port left in {TEST_PORTS:?} (reservations in {})", reservations.display());
+}
+
+/// How long a port stays reserved: longer than any test holds its brokers.
+const RESERVATION_S: u64 = 15 * 60;
+
+/// Creates `path` exclusively; a reservation older than `RESERVATION_S` is taken over.
+fn reserve(path: &Path) -> bool {
+    let create = || std::fs::OpenOptions::new().write(true).create_new(true).open(path);
+    if create().is_ok() {
+        return true;
+    }
+    let age = std::fs::metadata(path).and_then(|meta| meta.modified()).ok();
+    let stale = age
+        .and_then(|modified| modified.elapsed().ok())
+        .is_some_and(|age| age.as_secs() > RESERVATION_S);
+    stale && std::fs::remove_file(path).is_ok() && create().is_ok()
 }
 
 /// A broker under `dir` (data in `dir/data`, its log appended to `dir/broker.log`), with the
