@@ -87,6 +87,7 @@ impl Broker {
                 self.config.tcp_port,
             ),
             attributes: self.config.attributes.clone(),
+            gossip_address: cluster.advertised_gossip_address(),
         }
     }
 
@@ -288,10 +289,19 @@ impl Broker {
             voters,
             learners,
         };
+        // A broker alone has registered nobody: it reports itself.
+        let mut records = self.brokers();
+        if records.is_empty() {
+            records.push(self.own_record());
+        }
+        let brokers = records
+            .into_iter()
+            .map(|record| BrokerView { status: self.member_status(record.node_id), record })
+            .collect();
         ClusterView {
             node_id: self.node_id,
             cluster_id: self.cluster.as_ref().map(|(_, id)| id.clone()),
-            brokers: self.brokers(),
+            brokers,
             groups: vec![
                 group(
                     ADMIN_GROUP_ID,
@@ -330,16 +340,24 @@ impl LeaderLog {
 }
 
 /// The cluster as one broker sees it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct ClusterView {
     pub node_id: u64,
     pub cluster_id: Option<String>,
-    pub brokers: Vec<BrokerRecord>,
+    /// Every registered broker (this one alone: itself), in node id order.
+    pub brokers: Vec<BrokerView>,
     pub groups: Vec<GroupView>,
 }
 
+/// A registered broker and its membership status as this broker sees it.
+#[derive(Clone, Debug)]
+pub struct BrokerView {
+    pub record: BrokerRecord,
+    pub status: malachi_cluster::PeerStatus,
+}
+
 /// One Raft group: who leads it in which term, and its members.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct GroupView {
     pub group_id: u64,
     pub leader: Option<u64>,

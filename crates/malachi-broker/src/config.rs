@@ -84,6 +84,8 @@ pub struct ClusterConfig {
     /// The host peers and clients should use for this broker (`MALACHI_ADVERTISE_HOST`;
     /// default the bind address).
     pub advertise_host: String,
+    /// The SWIM membership port, UDP (`MALACHI_CLUSTER_GOSSIP_PORT`), on the bind address.
+    pub gossip_port: u16,
     /// Inter-node addresses of brokers to join through (`MALACHI_LOG_NODES`, `host:port`
     /// separated by commas). Empty: this broker starts a cluster of its own.
     pub seeds: Vec<String>,
@@ -93,6 +95,11 @@ impl ClusterConfig {
     /// The inter-node address peers dial.
     pub fn advertised_cluster_address(&self) -> String {
         join_host_port(&self.advertise_host, self.port)
+    }
+
+    /// Where peers send this broker's SWIM datagrams.
+    pub fn advertised_gossip_address(&self) -> String {
+        join_host_port(&self.advertise_host, self.gossip_port)
     }
 }
 
@@ -307,6 +314,7 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
     Ok(ClusterConfig {
         enabled: sources.raw("CLUSTER_PORT").is_some() || !seeds.is_empty(),
         port: sources.number("CLUSTER_PORT", 4042)?,
+        gossip_port: sources.number("CLUSTER_GOSSIP_PORT", 45892)?,
         advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
         seeds,
     })

@@ -10,6 +10,7 @@ pub mod data;
 pub mod error;
 pub mod fetch;
 pub mod frontier;
+pub mod gossip;
 pub mod groups;
 pub mod load;
 pub mod machines;

@@ -133,6 +133,8 @@ pub struct Broker {
     pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
     pub(crate) members: Mutex<Members>,
     pub(crate) last_reshape_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// Every broker's membership status, as the SWIM driver (`gossip.rs`) last published it.
+    pub(crate) statuses: Mutex<crate::gossip::MemberStatuses>,
     /// This broker, for background tasks it starts.
     pub(crate) me: std::sync::Weak<Broker>,
 }
@@ -256,6 +258,7 @@ impl Broker {
             rolling: Mutex::new(BTreeSet::new()),
             members: Mutex::new(Members::default()),
             last_reshape_ms: Mutex::new(Default::default()),
+            statuses: Mutex::new(Default::default()),
         });
         Ok(broker)
     }

@@ -103,6 +103,12 @@ impl Broker {
         payload: Vec<u8>,
     ) -> Result<Vec<u8>, LogError> {
         let transport = self.transport().ok_or(LogError::NotOwner { holders: vec![holder] })?;
+        // Membership already knows: answer at once instead of after a connect timeout.
+        if self.member_status(holder) == crate::gossip::PeerStatus::Dead {
+            return Err(LogError::Unavailable(format!(
+                "broker {holder}, which holds the segment, is down (membership)"
+            )));
+        }
         let request = Request {
             service: Service::Data,
             group_id: 0,

@@ -534,6 +534,11 @@ impl Client {
         Ok(call!(self, MergeRanges(request)).range_id)
     }
 
+    /// Key 24: the brokers with their status, as the original's clients read them.
+    pub async fn cluster_state(&self) -> Result<ClusterStateResponse, ClientError> {
+        Ok(call!(self, ClusterState(Empty)))
+    }
+
     /// Key 70 (admin): the cluster as the broker answering sees it.
     pub async fn cluster_status(&self) -> Result<ClusterStatusResponse, ClientError> {
         Ok(call!(self, ClusterStatus(Empty)))

@@ -47,7 +47,8 @@ pub use tls::TlsOptions;
 
 /// The wire types the client's methods take and return.
 pub use malachi_wire::messages::{
-    ClusterBroker, ClusterGroup, ClusterStatusResponse, DescribeTopicResponse, EffectiveField,
-    NamedPolicy, Origin, RangeDescription, RangeState, Resolution, TopicPolicyResponse,
+    ClusterBroker, ClusterGroup, ClusterStateResponse, ClusterStatusResponse,
+    DescribeTopicResponse, EffectiveField, NamedPolicy, Origin, RangeDescription, RangeState,
+    Resolution, TopicPolicyResponse,
 };
 pub use malachi_wire::{Header, PolicyField, PolicyValue, Reason, Record, Request, Response};

@@ -3,6 +3,7 @@
 
 use bytes::Bytes;
 use malachi_broker::fetch::FetchArgs;
+use malachi_broker::gossip::PeerStatus;
 use malachi_meta::{
     AdminCommand, AdminError, MetaCommand, Operation, PolicyDefaults, RetentionDefaults,
 };
@@ -138,21 +139,21 @@ async fn commit(
 fn cluster_state(connection: &Connection, corr: u32) -> Outcome {
     let broker = &connection.broker;
     let version = broker.meta_group().read(|meta| meta.0.version());
-    // A broker alone has registered nobody: it reports itself.
-    let mut records = broker.brokers();
-    if records.is_empty() {
-        records.push(broker.own_record());
-    }
-    // Every registered broker is reported alive until membership (SWIM) tells them apart.
-    let brokers = records
+    let brokers = broker
+        .cluster_view()
+        .brokers
         .iter()
-        .map(|record| {
-            let (host, port) = split_host_port(&record.client_address);
+        .map(|view| {
+            let (host, port) = split_host_port(&view.record.client_address);
             WireBroker {
-                id: text_bytes(&record.node_id.to_string()),
+                id: text_bytes(&view.record.node_id.to_string()),
                 host: text_bytes(host),
                 port,
-                status: BrokerStatus::Alive,
+                status: match view.status {
+                    PeerStatus::Alive => BrokerStatus::Alive,
+                    PeerStatus::Suspect => BrokerStatus::Suspect,
+                    PeerStatus::Dead => BrokerStatus::Dead,
+                },
             }
         })
         .collect();

@@ -53,17 +53,19 @@ pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Requ
 /// The cluster as this broker sees it (the caller already checked `admin`).
 fn cluster_status(connection: &Connection) -> Response {
     let view = connection.broker.cluster_view();
-    let brokers =
-        if view.brokers.is_empty() { vec![connection.broker.own_record()] } else { view.brokers };
     let clustered = view.cluster_id.is_some();
-    let brokers = brokers
+    let brokers = view
+        .brokers
         .into_iter()
         .map(|broker| ClusterBroker {
-            node_id: broker.node_id,
-            cluster_address: clustered.then(|| text_bytes(&broker.cluster_address)).flatten(),
-            client_address: text_bytes(&broker.client_address),
-            status: 0,
+            node_id: broker.record.node_id,
+            cluster_address: clustered
+                .then(|| text_bytes(&broker.record.cluster_address))
+                .flatten(),
+            client_address: text_bytes(&broker.record.client_address),
+            status: broker.status as u8,
             attributes: broker
+                .record
                 .attributes
                 .iter()
                 .map(|(name, value)| text_bytes(&format!("{name}={value}")))

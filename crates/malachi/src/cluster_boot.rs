@@ -7,14 +7,17 @@
 //! * A broker with a data directory of the cluster restarts as the same member; one that never
 //!   finished joining (its groups have no voters) joins again.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use malachi_broker::cluster::{fetch_welcome, peer_handler};
 use malachi_broker::config::{BrokerConfig, join_host_port};
+use malachi_broker::gossip::Gossip;
 use malachi_broker::node::{BootReport, Broker, ClusterDeps, NodeDeps, write_cursor_secret};
 use malachi_consensus::FirstBoot;
 use malachi_transport::Transport;
+use tokio::net::UdpSocket;
 
 use crate::identity::{self, NodeIdentity};
 
@@ -23,9 +26,15 @@ use crate::identity::{self, NodeIdentity};
 const WELCOME_WAIT_MS: u64 = 30_000;
 const WELCOME_RETRY_MS: u64 = 500;
 
-pub async fn open_member(
-    config: BrokerConfig,
-) -> Result<(Arc<Broker>, BootReport, NodeIdentity), String> {
+/// A broker of a cluster, started and joined, with its membership running.
+pub struct Member {
+    pub broker: Arc<Broker>,
+    pub report: BootReport,
+    pub identity: NodeIdentity,
+    pub gossip: Gossip,
+}
+
+pub async fn open_member(config: BrokerConfig) -> Result<Member, String> {
     let data_dir = config.data_dir.clone();
     let seeds = config.cluster.seeds.clone();
     let first_boot = !identity::exists(&data_dir);
@@ -52,6 +61,7 @@ pub async fn open_member(
         .await
         .map_err(|error| format!("binding the inter-node port {listen}: {error}"))?;
     tokio::spawn(transport.clone().serve(listener));
+    let (gossip_socket, gossip_addr) = bind_gossip(&config).await?;
     let deps = NodeDeps {
         cluster: Some(ClusterDeps {
             transport: transport.clone(),
@@ -72,13 +82,32 @@ pub async fn open_member(
         broker.shutdown().await;
         return Err(error);
     }
-    match broker.bootstrap().await {
-        Ok(report) => Ok((broker, report, identity)),
+    let report = match broker.bootstrap().await {
+        Ok(report) => report,
         Err(error) => {
             broker.shutdown().await;
-            Err(error.to_string())
+            return Err(error.to_string());
         }
-    }
+    };
+    let gossip = broker.spawn_gossip(gossip_socket, gossip_addr)?;
+    Ok(Member { broker, report, identity, gossip })
+}
+
+/// The membership socket on the bind address, and the address other brokers send to (the
+/// advertised host's, resolved now).
+async fn bind_gossip(config: &BrokerConfig) -> Result<(UdpSocket, SocketAddr), String> {
+    let listen = join_host_port(&config.bind_address, config.cluster.gossip_port);
+    let socket = UdpSocket::bind(&listen)
+        .await
+        .map_err(|error| format!("binding the gossip port {listen} (UDP): {error}"))?;
+    let advertised = config.cluster.advertised_gossip_address();
+    let resolved = tokio::net::lookup_host(&advertised).await.ok().and_then(|mut all| all.next());
+    let address = resolved.ok_or_else(|| {
+        format!(
+            "the advertised gossip address {advertised} does not resolve (MALACHI_ADVERTISE_HOST)"
+        )
+    })?;
+    Ok((socket, address))
 }
 
 /// Stops a broker whose data directory belongs to another cluster than its seeds: a seed

@@ -39,6 +39,13 @@ pub struct ServeArgs {
     /// [default: the bind address]
     #[arg(long)]
     advertise_host: Option<String>,
+    /// Membership (SWIM) port, UDP [env: MALACHI_CLUSTER_GOSSIP_PORT] [default: 45892]
+    #[arg(long)]
+    gossip_port: Option<u16>,
+    /// This broker's placement attributes, `name=value` comma-separated (`rack=a,zone=eu-1`)
+    /// [env: MALACHI_LOG_ATTRIBUTES]
+    #[arg(long)]
+    attributes: Option<String>,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), String> {
@@ -86,6 +93,12 @@ fn load_config(args: &ServeArgs) -> Result<BrokerConfig, String> {
     if let Some(host) = &args.advertise_host {
         flags.insert("ADVERTISE_HOST".to_string(), host.clone());
     }
+    if let Some(port) = args.gossip_port {
+        flags.insert("CLUSTER_GOSSIP_PORT".to_string(), port.to_string());
+    }
+    if let Some(attributes) = &args.attributes {
+        flags.insert("LOG_ATTRIBUTES".to_string(), attributes.clone());
+    }
     let file = match &args.config {
         Some(path) => read_toml(path)?,
         None => BTreeMap::new(),
@@ -120,14 +133,15 @@ const DESCRIPTORS_RESERVED: u64 = 256;
 async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     fit_open_segments_to_descriptors(&mut config);
     let data_dir = config.data_dir.clone();
-    let (broker, report, identity) = if config.cluster.enabled {
-        crate::cluster_boot::open_member(config).await?
+    let (broker, report, identity, gossip) = if config.cluster.enabled {
+        let member = crate::cluster_boot::open_member(config).await?;
+        (member.broker, member.report, member.identity, Some(member.gossip))
     } else {
         let identity = crate::identity::load_or_create(&data_dir, None, config.node_id)
             .map_err(|error| error.to_string())?;
         let deps = NodeDeps::production(config, identity.node_id);
         let (broker, report) = Broker::open(deps).await.map_err(|error| error.to_string())?;
-        (broker, report, identity)
+        (broker, report, identity, None)
     };
     let server = Server::bind(Arc::clone(&broker)).await.map_err(|error| {
         format!("binding {}:{}: {error}", broker.config().bind_address, broker.config().tcp_port)
@@ -157,6 +171,9 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     };
     server.run(stop).await;
     maintenance.abort();
+    if let Some(gossip) = gossip {
+        gossip.leave().await;
+    }
     broker.shutdown().await;
     eprintln!("malachi stopped");
     Ok(())

@@ -23,7 +23,8 @@ impl Member {
         std::fs::create_dir_all(dir).unwrap();
         let mut process = BrokerProcess::new(dir)
             .env("MALACHI_NODE_ID", node_id.to_string())
-            .env("MALACHI_CLUSTER_PORT", cluster_port.to_string());
+            .env("MALACHI_CLUSTER_PORT", cluster_port.to_string())
+            .env("MALACHI_CLUSTER_GOSSIP_PORT", free_port().to_string());
         if let Some(seed) = seed {
             process = process.env("MALACHI_LOG_NODES", format!("127.0.0.1:{seed}"));
         }
@@ -251,6 +252,12 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     let waiting = clients[survivor].produce(&orphan, vec![RecordBuilder::new("x").build()]).await;
     let waiting = waiting.unwrap_err();
     assert!(waiting.is_retryable(), "{waiting}");
+    // Membership declares the killed broker dead on both survivors.
+    let killed_id = leader as u64 + 1;
+    for client in [&clients[survivor], &clients[other]] {
+        status_becomes(client, killed_id, 2).await;
+    }
+    eprintln!("killed broker {killed_id} reported dead after {:?}", killed_at.elapsed());
 
     // The killed broker comes back as the same member and catches up.
     members[leader].start();
@@ -268,6 +275,36 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     })
     .await;
     back.create_topic("after-restart").await.unwrap();
+    // ... and alive again, as seen by every broker.
+    for client in clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c) {
+        status_becomes(client, killed_id, 0).await;
+    }
+    status_becomes(&back, killed_id, 0).await;
+}
+
+/// Waits (up to 20 s: SWIM takes about 5 s to declare a broker dead) until `client`'s broker
+/// reports broker `node_id` with `status` in both `cluster_state` and `cluster_status`.
+async fn status_becomes(client: &Client, node_id: u64, status: u8) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let extension = client.cluster_status().await.unwrap();
+        let reported = extension.brokers.iter().find(|broker| broker.node_id == node_id);
+        let state = client.cluster_state().await.unwrap();
+        let original = state
+            .brokers
+            .iter()
+            .find(|broker| broker.id.as_deref() == Some(node_id.to_string().as_bytes()));
+        let original = original.map(|broker| broker.status as u8);
+        if reported.map(|broker| broker.status) == Some(status) && original == Some(status) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "broker {} never reported {node_id} with status {status}: {extension:?}",
+            extension.node_id
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A broker whose data directory belongs to another cluster is refused when it tries to join,

@@ -28,6 +28,11 @@ pub struct BrokerRecord {
     pub client_address: String,
     /// Its placement attributes (`MALACHI_LOG_ATTRIBUTES`).
     pub attributes: BTreeMap<String, String>,
+    /// Where its SWIM datagrams go (`MALACHI_ADVERTISE_HOST:MALACHI_CLUSTER_GOSSIP_PORT`):
+    /// every broker announces itself to the registered brokers' gossip addresses. Empty in
+    /// records written before membership existed, until the broker restarts.
+    #[serde(default)]
+    pub gossip_address: String,
 }
 
 impl AdminState {
@@ -64,7 +69,8 @@ fn validate(broker: &BrokerRecord) -> Result<(), AdminError> {
     if broker.node_id == 0 {
         return Err(AdminError::InvalidBroker("node id 0 is reserved".into()));
     }
-    if !address_ok(&broker.cluster_address) || !address_ok(&broker.client_address) {
+    let gossip_ok = broker.gossip_address.is_empty() || address_ok(&broker.gossip_address);
+    if !address_ok(&broker.cluster_address) || !address_ok(&broker.client_address) || !gossip_ok {
         return Err(AdminError::InvalidBroker("an address is empty, too long or not text".into()));
     }
     let attribute_ok = |text: &String| !text.is_empty() && text.len() <= ATTRIBUTE_BYTES_MAX;
@@ -89,6 +95,7 @@ mod tests {
             cluster_address: cluster_address.into(),
             client_address: "127.0.0.1:4040".into(),
             attributes: BTreeMap::from([("rack".into(), "a".into())]),
+            gossip_address: "127.0.0.1:45892".into(),
         }
     }
 
@@ -111,12 +118,17 @@ mod tests {
         let mut many_attributes = broker(3, "x:1");
         many_attributes.attributes =
             (0..=ATTRIBUTES_MAX).map(|i| (format!("a{i}"), "v".to_string())).collect();
+        let mut bad_gossip = broker(4, "x:1");
+        bad_gossip.gossip_address = "a\tb:1".into();
+        let mut no_gossip = broker(5, "x:1");
+        no_gossip.gossip_address.clear();
         let refused = [
             broker(0, "10.0.0.1:4042"),
             broker(2, ""),
             broker(2, &long),
             broker(2, "a\nb:1"),
             many_attributes,
+            bad_gossip,
         ];
         let version = state.version();
         for bad in refused {
@@ -125,6 +137,9 @@ mod tests {
         }
         assert_eq!(state.version(), version, "refused registrations change nothing");
         assert_eq!(state.brokers().count(), 1);
+        // A record from before membership has no gossip address, and is valid.
+        register(&mut state, no_gossip).unwrap();
+        assert_eq!(state.brokers().count(), 2);
     }
 
     #[test]

@@ -1,0 +1,280 @@
+//! The broker's SWIM membership on `MALACHI_CLUSTER_GOSSIP_PORT` (UDP): a thin driver around
+//! `malachi_cluster::Membership`, which decides everything without I/O.
+//!
+//! The driver hands membership the broker's clock, the datagrams received and a seed from the
+//! broker's entropy; it sends what membership asks to send and publishes every member's status
+//! to [`MemberStatuses`], where the rest of the broker reads it (`cluster_state`, `malachi
+//! cluster status`, and the forwarding of segment calls, which answers at once for a broker
+//! known dead instead of waiting out a connect timeout).
+//!
+//! Whom to announce to comes from the administrative machine: every registered broker's gossip
+//! address. A broker announces itself at start to all of them, and again every
+//! [`REANNOUNCE_MS`] to those it has not heard alive, so a broker that started before its peers
+//! (or across a healed partition) finds them without an operator.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+pub use malachi_cluster::PeerStatus;
+use malachi_cluster::{Change, Membership, MembershipConfig, Peer};
+use tokio::net::UdpSocket;
+use tokio::sync::oneshot;
+
+use crate::node::Broker;
+
+/// Pause between announcements to registered brokers not heard alive.
+pub const REANNOUNCE_MS: u64 = 5_000;
+/// The largest datagram read; membership refuses anything above its own 1,400-byte limit.
+const DATAGRAM_BYTES_MAX: usize = 2_048;
+/// The longest the driver sleeps without looking at the registry and the clock.
+const IDLE_MS_MAX: u64 = 1_000;
+
+/// Every broker's status as membership last reported it, for the rest of the broker.
+#[derive(Debug, Default)]
+pub struct MemberStatuses {
+    /// When the driver started (`None`: no membership runs, as for a broker alone).
+    started_ms: Option<u64>,
+    /// The brokers membership knows, by node id.
+    heard: BTreeMap<u64, PeerStatus>,
+}
+
+impl MemberStatuses {
+    /// `node_id`'s status at `now_ms`, as seen by broker `me`. Without membership every broker
+    /// counts as alive (a broker alone, or before the driver starts). A registered broker never
+    /// heard from is suspect for as long as a live one takes to answer, then dead.
+    pub fn status(&self, me: u64, node_id: u64, now_ms: u64, grace_ms: u64) -> PeerStatus {
+        let Some(started_ms) = self.started_ms else { return PeerStatus::Alive };
+        if node_id == me {
+            return PeerStatus::Alive;
+        }
+        match self.heard.get(&node_id) {
+            Some(status) => *status,
+            None if now_ms < started_ms.saturating_add(grace_ms) => PeerStatus::Suspect,
+            None => PeerStatus::Dead,
+        }
+    }
+}
+
+/// How long a registered broker may stay unheard before it counts as dead: a probe period,
+/// its indirect probes and the suspicion time, as membership itself would take.
+pub fn unheard_grace_ms(config: &MembershipConfig) -> u64 {
+    config.probe_period_ms + config.probe_rtt_ms + config.suspect_to_down_ms
+}
+
+/// The running driver; [`Gossip::leave`] stops it and tells the others.
+pub struct Gossip {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gossip {
+    /// Announces this broker's departure (so the others need not wait to suspect it) and
+    /// stops the driver.
+    pub async fn leave(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut self.task).await;
+        self.task.abort();
+    }
+}
+
+impl Broker {
+    /// Starts membership on `socket` (bound to the gossip port), advertising `gossip_addr`.
+    pub fn spawn_gossip(
+        self: &Arc<Self>,
+        socket: UdpSocket,
+        gossip_addr: SocketAddr,
+    ) -> Result<Gossip, String> {
+        let record = self.own_record();
+        let me = Peer {
+            gossip_addr,
+            // Rises at every start, so a restarted broker supersedes the identity the others
+            // may have declared down.
+            generation: self.clock.now_ms().max(1),
+            broker_id: self.node_id,
+            cluster_addr: record.cluster_address,
+            client_addr: record.client_address,
+            attributes: record.attributes,
+        };
+        let mut seed = [0u8; 8];
+        self.entropy.fill(&mut seed);
+        let config = MembershipConfig::default();
+        let now_ms = self.clock.now_ms();
+        let membership = Membership::new(me, u64::from_le_bytes(seed), now_ms, &config)
+            .map_err(|error| error.to_string())?;
+        {
+            let mut statuses = self.statuses.lock().expect("statuses lock poisoned");
+            statuses.started_ms = Some(now_ms);
+            statuses.heard.clear();
+        }
+        let (stop, stopped) = oneshot::channel();
+        let driver = Driver {
+            broker: Arc::downgrade(self),
+            socket,
+            membership: Some(membership),
+            resolved: BTreeMap::new(),
+            announced_ms: BTreeMap::new(),
+        };
+        let task = tokio::spawn(driver.run(stopped));
+        Ok(Gossip { stop: Some(stop), task })
+    }
+
+    /// `node_id`'s membership status now.
+    pub fn member_status(&self, node_id: u64) -> PeerStatus {
+        let grace_ms = unheard_grace_ms(&MembershipConfig::default());
+        let statuses = self.statuses.lock().expect("statuses lock poisoned");
+        statuses.status(self.node_id, node_id, self.clock.now_ms(), grace_ms)
+    }
+}
+
+struct Driver {
+    broker: Weak<Broker>,
+    socket: UdpSocket,
+    /// `None` once left.
+    membership: Option<Membership>,
+    /// Gossip addresses of registered brokers, resolved once each.
+    resolved: BTreeMap<String, SocketAddr>,
+    /// When each address was last announced to.
+    announced_ms: BTreeMap<SocketAddr, u64>,
+}
+
+impl Driver {
+    async fn run(mut self, mut stopped: oneshot::Receiver<()>) {
+        let mut buffer = vec![0u8; DATAGRAM_BYTES_MAX];
+        loop {
+            let Some(broker) = self.broker.upgrade() else { return };
+            self.announce(&broker).await;
+            let now_ms = broker.clock.now_ms();
+            let membership = self.membership.as_mut().expect("running");
+            membership.advance_to(now_ms);
+            self.flush(&broker).await;
+            let membership = self.membership.as_ref().expect("running");
+            let wake_ms = membership.next_deadline_ms().unwrap_or(u64::MAX);
+            let sleep_ms = wake_ms.saturating_sub(now_ms).clamp(1, IDLE_MS_MAX);
+            drop(broker);
+            tokio::select! {
+                biased;
+                _ = &mut stopped => break,
+                received = self.socket.recv_from(&mut buffer) => {
+                    if let Ok((bytes, _)) = received {
+                        let membership = self.membership.as_mut().expect("running");
+                        if let Err(error) = membership.handle_datagram(&buffer[..bytes]) {
+                            tracing::debug!(%error, "gossip datagram dropped");
+                        }
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_millis(sleep_ms)) => {}
+            }
+        }
+        if let Some(membership) = self.membership.take() {
+            for (to, datagram) in membership.leave() {
+                let _ = self.socket.send_to(&datagram, to).await;
+            }
+        }
+    }
+
+    /// Announces this broker to registered brokers not heard alive lately.
+    async fn announce(&mut self, broker: &Broker) {
+        let now_ms = broker.clock.now_ms();
+        let membership = self.membership.as_ref().expect("running");
+        let alive: BTreeSet<u64> = membership
+            .members()
+            .into_iter()
+            .filter(|(_, status)| *status == PeerStatus::Alive)
+            .map(|(peer, _)| peer.broker_id)
+            .collect();
+        let mut due = Vec::new();
+        for record in broker.brokers() {
+            if record.node_id == broker.node_id
+                || alive.contains(&record.node_id)
+                || record.gossip_address.is_empty()
+            {
+                continue;
+            }
+            let Some(address) = self.resolve(&record.gossip_address).await else { continue };
+            let last_ms = self.announced_ms.get(&address).copied();
+            if last_ms.is_none_or(|last_ms| now_ms >= last_ms.saturating_add(REANNOUNCE_MS)) {
+                self.announced_ms.insert(address, now_ms);
+                due.push(address);
+            }
+        }
+        if !due.is_empty() {
+            self.membership.as_mut().expect("running").join(&due);
+        }
+    }
+
+    async fn resolve(&mut self, address: &str) -> Option<SocketAddr> {
+        if let Some(resolved) = self.resolved.get(address) {
+            return Some(*resolved);
+        }
+        let resolved = match address.parse::<SocketAddr>() {
+            Ok(parsed) => parsed,
+            Err(_) => match tokio::net::lookup_host(address).await {
+                Ok(mut found) => found.next()?,
+                Err(error) => {
+                    tracing::warn!(%address, %error, "a broker's gossip address does not resolve");
+                    return None;
+                }
+            },
+        };
+        self.resolved.insert(address.to_string(), resolved);
+        Some(resolved)
+    }
+
+    /// Sends what membership asked to send, logs its changes, and publishes the statuses.
+    async fn flush(&mut self, broker: &Broker) {
+        let membership = self.membership.as_mut().expect("running");
+        let outgoing = membership.take_outgoing();
+        for change in membership.take_changes() {
+            match change {
+                Change::Up(peer) => tracing::info!(node_id = peer.broker_id, "broker up"),
+                Change::Down(peer) => tracing::warn!(node_id = peer.broker_id, "broker down"),
+                Change::Rejoined(peer) => tracing::warn!(
+                    generation = peer.generation,
+                    "this broker was declared down (a partition or a pause) and rejoined"
+                ),
+            }
+        }
+        let heard = membership
+            .members()
+            .into_iter()
+            .map(|(peer, status)| (peer.broker_id, status))
+            .collect();
+        broker.statuses.lock().expect("statuses lock poisoned").heard = heard;
+        for (to, datagram) in outgoing {
+            // A datagram lost here is one SWIM loses anyway; it retries by design.
+            let _ = self.socket.send_to(&datagram, to).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_come_from_membership_once_it_runs() {
+        let grace_ms = 5_000;
+        let alone = MemberStatuses::default();
+        assert_eq!(alone.status(1, 2, 10_000, grace_ms), PeerStatus::Alive);
+        let statuses = MemberStatuses {
+            started_ms: Some(1_000),
+            heard: BTreeMap::from([(2, PeerStatus::Alive), (3, PeerStatus::Dead)]),
+        };
+        let cases = [
+            // (node, now_ms, status)
+            (1, 1_000, PeerStatus::Alive),
+            (2, 1_000, PeerStatus::Alive),
+            (3, 1_000, PeerStatus::Dead),
+            (4, 1_000, PeerStatus::Suspect),
+            (4, 5_999, PeerStatus::Suspect),
+            (4, 6_000, PeerStatus::Dead),
+        ];
+        for (node_id, now_ms, expected) in cases {
+            assert_eq!(statuses.status(1, node_id, now_ms, grace_ms), expected, "{node_id}");
+        }
+    }
+}
