@@ -61,7 +61,11 @@ fn reserve(path: &Path) -> bool {
 /// user `app` allowed to produce and consume.
 pub struct BrokerProcess {
     pub dir: PathBuf,
+    /// The address the broker binds and clients dial (127.0.0.1 unless on a test host).
+    pub host: String,
     pub port: u16,
+    /// A command the broker runs under (`ip netns exec <host>` for a test host).
+    pub wrapper: Vec<String>,
     pub env: Vec<(String, String)>,
     /// Runs in the child before `exec` (limits, for example).
     pub pre_exec: Option<fn() -> std::io::Result<()>>,
@@ -69,7 +73,19 @@ pub struct BrokerProcess {
 
 impl BrokerProcess {
     pub fn new(dir: &Path) -> BrokerProcess {
-        BrokerProcess { dir: dir.to_path_buf(), port: free_port(), env: Vec::new(), pre_exec: None }
+        BrokerProcess {
+            dir: dir.to_path_buf(),
+            host: "127.0.0.1".into(),
+            port: free_port(),
+            wrapper: Vec::new(),
+            env: Vec::new(),
+            pre_exec: None,
+        }
+    }
+
+    /// The client address, `host:port`.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.host, self.port)
     }
 
     pub fn env(mut self, name: &str, value: impl Into<String>) -> BrokerProcess {
@@ -83,11 +99,19 @@ impl BrokerProcess {
             .append(true)
             .open(self.dir.join("broker.log"))
             .unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_malachi"));
+        let binary = env!("CARGO_BIN_EXE_malachi");
+        let mut command = match self.wrapper.split_first() {
+            None => Command::new(binary),
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+        };
         command
             .args(["serve", "--data-dir"])
             .arg(self.dir.join("data"))
-            .args(["--port", &self.port.to_string()])
+            .args(["--port", &self.port.to_string(), "--bind", &self.host])
             .env("MALACHI_ADMIN_PASS", "admin-password-long")
             .env("MALACHI_DEFAULT_USERS", format!("app:{PASSWORD}:produce,consume"))
             .env("MALACHI_AUTO_SPLIT_ENABLED", "false")
@@ -109,23 +133,26 @@ impl BrokerProcess {
     }
 
     pub async fn connect(&self) -> Client {
-        connect(self.port, "app", PASSWORD)
-            .await
-            .unwrap_or_else(|error| panic!("{error}\n{}", self.log()))
+        self.connect_as("app", PASSWORD).await
     }
 
     pub async fn connect_as(&self, user: &str, password: &str) -> Client {
-        connect(self.port, user, password)
+        connect_to(&self.address(), user, password)
             .await
             .unwrap_or_else(|error| panic!("{error}\n{}", self.log()))
     }
 }
 
-/// A client of the broker on `port`, retrying for 30 s while it starts.
+/// A client of the broker on `127.0.0.1:port`, retrying for 30 s while it starts.
 pub async fn connect(port: u16, user: &str, password: &str) -> Result<Client, String> {
+    connect_to(&format!("127.0.0.1:{port}"), user, password).await
+}
+
+/// A client of the broker at `address`, retrying for 30 s while it starts.
+pub async fn connect_to(address: &str, user: &str, password: &str) -> Result<Client, String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let config = ClientConfig::new(format!("127.0.0.1:{port}")).credentials(user, password);
+        let config = ClientConfig::new(address.to_string()).credentials(user, password);
         match Client::connect(config).await {
             Ok(client) => return Ok(client),
             Err(_) if Instant::now() < deadline => {
