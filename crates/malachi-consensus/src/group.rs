@@ -282,7 +282,22 @@ impl<M: StateMachine> RaftGroup<M> {
             timeout_ms: self.propose_wait_ms,
             payload,
         };
-        let answer = match self.transport.send(message).await {
+        // A leader cut off (not dead: its connection just goes silent) would hold the call for
+        // the whole timeout. Once this node sees another leader, or starts an election, the
+        // call's fate is unknown at once, so the caller hears in about an election timeout.
+        let wait = self.raft.wait(Some(Duration::from_millis(self.propose_wait_ms)));
+        let deposed =
+            wait.metrics(move |metrics| metrics.current_leader != Some(leader), "leader deposed");
+        let sent = tokio::select! {
+            biased;
+            sent = self.transport.send(message) => sent,
+            Ok(metrics) = deposed => {
+                tracing::debug!(group_id = self.group_id, leader, "forwarded-to leader deposed");
+                let leader_hint = metrics.current_leader.filter(|&hint| hint != leader);
+                return Err(ConsensusError::OutcomeUnknown { leader_hint });
+            }
+        };
+        let answer = match sent {
             Ok(answer) => answer,
             Err(TransportError::Unreachable(detail)) => {
                 tracing::debug!(group_id = self.group_id, leader, %detail, "leader unreachable");

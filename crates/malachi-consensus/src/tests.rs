@@ -1,12 +1,13 @@
 //! Tests of the whole crate: groups over a real redb file in a temp dir, the openraft storage
 //! conformance suite, a store whose fsync fails, and golden encodings of what is on disk.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use openraft::entry::RaftEntry;
 use openraft::testing::log::StoreBuilder;
@@ -500,16 +501,28 @@ async fn proposals_survive_a_crash(mode: crate::WriterMode) {
 #[derive(Clone, Default)]
 struct LocalNet {
     groups: Arc<std::sync::RwLock<BTreeMap<u64, Arc<RaftGroup<Counters>>>>>,
+    /// Nodes cut off silently: messages to or from them never complete, as on a connection
+    /// whose packets a firewall drops.
+    silenced: Arc<std::sync::RwLock<BTreeSet<u64>>>,
 }
 
 impl LocalNet {
     fn down(&self, node_id: u64) -> Arc<RaftGroup<Counters>> {
         self.groups.write().unwrap().remove(&node_id).expect("node was up")
     }
+
+    fn silence(&self, node_id: u64) {
+        self.silenced.write().unwrap().insert(node_id);
+    }
 }
 
 impl GroupTransport for LocalNet {
     fn send(&self, message: RaftMessage) -> TransportFuture {
+        let silenced = self.silenced.read().unwrap();
+        if silenced.contains(&message.source_node_id) || silenced.contains(&message.target_node_id)
+        {
+            return Box::pin(std::future::pending());
+        }
         let groups = self.groups.read().unwrap();
         let (Some(_), Some(target)) =
             (groups.get(&message.source_node_id), groups.get(&message.target_node_id).cloned())
@@ -601,4 +614,33 @@ async fn a_minority_refuses_writes_in_bounded_time() {
     assert_eq!(third.read(|counters| counters.counts.get("a").copied()), None);
     third.shutdown().await.unwrap();
     drop((first, second));
+}
+
+/// A write forwarded to a leader that went silent (cut off, not dead) is answered as soon as
+/// this node sees the leader deposed, not after the forward's whole timeout; the next write
+/// goes to the new leader.
+#[tokio::test]
+async fn a_forward_to_a_silenced_leader_ends_with_its_leadership() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::default();
+    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
+    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
+    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
+    first.add_member(2, true).await.unwrap();
+    first.add_member(3, true).await.unwrap();
+    assert_eq!(second.propose(add("a", 1)).await.unwrap(), 1);
+    net.silence(1);
+    // fast_config's forward timeout is 5 s; well before it, the followers elect another leader.
+    let forwarded = tokio::time::timeout(Duration::from_millis(4_000), second.propose(add("a", 1)));
+    match forwarded.await.expect("the forward waited out its timeout") {
+        Err(ConsensusError::OutcomeUnknown { .. }) | Ok(_) => {}
+        Err(other) => panic!("{other:?}"),
+    }
+    let count = third.propose(add("a", 0)).await.unwrap();
+    assert!((1..=2).contains(&count), "{count}");
+    assert!(matches!(second.leader().0, Some(2 | 3)));
+    for group in [second, third] {
+        group.shutdown().await.unwrap();
+    }
+    drop(first);
 }
