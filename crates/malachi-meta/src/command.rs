@@ -60,6 +60,12 @@ pub enum MetaCommand {
         node_id: u64,
         segment_ids: Vec<u64>,
     },
+    /// The vnode's first command: the arc of the ring it holds (from then on it refuses names
+    /// outside it) and so the block its ids come from. Claiming the same arc again changes
+    /// nothing; another arc is refused.
+    ClaimArc {
+        arc: crate::ring::VnodeArc,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,5 +188,9 @@ pub enum MetaResponse {
     },
     SegmentFilesRecorded {
         recorded: u64,
+    },
+    /// `already`: the vnode held this arc before.
+    ArcClaimed {
+        already: bool,
     },
 }

@@ -59,6 +59,14 @@ pub enum TopicError {
     /// Ours: empty, duplicated or too many replica node ids.
     #[error("invalid replica list: {detail}")]
     InvalidReplicas { detail: String },
+    /// Ours, between brokers: the name hashes outside this vnode's arc of the ring (a broker
+    /// routed the command to the wrong vnode). Clients never see it.
+    #[error("topic {name:?} belongs to another vnode")]
+    WrongVnode { name: String },
+    /// Ours, between brokers: the vnode was asked to claim an arc other than the one it holds,
+    /// or one that leaves some of its topics outside.
+    #[error("this vnode cannot claim that arc: {detail}")]
+    ArcRefused { detail: String },
 }
 
 impl TopicError {
@@ -74,6 +82,8 @@ impl TopicError {
             }
             TopicError::TooManyRanges { .. } => "too_many_ranges",
             TopicError::InvalidReplicas { .. } => "invalid_replicas",
+            TopicError::WrongVnode { .. } => "wrong_vnode",
+            TopicError::ArcRefused { .. } => "arc_refused",
         };
         reason.to_string()
     }

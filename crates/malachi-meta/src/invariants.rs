@@ -37,7 +37,9 @@ impl MetaState {
         }
         for (topic_id, topic) in &self.topics {
             check(*topic_id == topic.topic_id, || format!("topic key {topic_id}"))?;
-            check((1..self.next_topic_id).contains(topic_id), || format!("topic id {topic_id}"))?;
+            let first_id = self.arc.map_or(1, |arc| arc.id_base() + 1);
+            let known = (first_id..self.next_topic_id).contains(topic_id);
+            check(known, || format!("topic id {topic_id}"))?;
             self.check_topic(topic)?;
             retained += topic.ranges.values().map(|range| range.segment_ids.len()).sum::<usize>();
         }
@@ -47,7 +49,25 @@ impl MetaState {
         }
         let reclaimed_and_retained =
             self.pending_reclaim.keys().find(|segment_id| self.segments.contains_key(segment_id));
-        check(reclaimed_and_retained.is_none(), || "a reclaimed segment is retained".into())
+        check(reclaimed_and_retained.is_none(), || "a reclaimed segment is retained".into())?;
+        self.check_arc()
+    }
+
+    /// With an arc claimed: every name and id here is the arc's, and the counters are in its
+    /// block.
+    fn check_arc(&self) -> Result<(), InvariantViolation> {
+        let Some(arc) = self.arc else { return Ok(()) };
+        for topic in self.topics.values() {
+            check(arc.owns_name(&topic.name) && arc.owns_id(topic.topic_id), || {
+                format!("topic {} outside the vnode's arc", topic.topic_id)
+            })?;
+        }
+        for segment_id in self.segments.keys().chain(self.pending_reclaim.keys()) {
+            check(arc.owns_id(*segment_id), || format!("segment {segment_id} outside the block"))?;
+        }
+        check(self.next_topic_id > arc.id_base() && self.next_segment_id > arc.id_base(), || {
+            "id counters below the vnode's block".into()
+        })
     }
 
     /// Panics when `topic_id`'s invariants do not hold; called after every change to it.

@@ -23,6 +23,7 @@ pub mod placement;
 pub mod policy;
 pub mod reshard;
 pub mod retention;
+pub mod ring;
 pub mod segments;
 pub mod state;
 pub mod topics;
@@ -51,4 +52,5 @@ pub use policy::{
     EffectiveField, EffectiveRetention, FieldOrigin, PolicyDefaults, PolicyDefinition, PolicyField,
     PolicyResolution, PolicySetting, PolicyValue, RetentionDefaults, TopicPolicyView,
 };
+pub use ring::{VnodeArc, name_point, vnode_of_id, vnode_of_name};
 pub use state::MetaState;

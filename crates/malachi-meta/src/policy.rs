@@ -347,6 +347,7 @@ impl MetaState {
         if policy.as_deref().is_some_and(|name| !is_valid_name(name)) {
             return Err(PolicyError::InvalidPolicyName.into());
         }
+        self.check_owns_name(topic)?;
         let topic_id = *self.topic_ids_by_name.get(topic).ok_or(PolicyError::NoSuchTopic)?;
         if policy.as_ref().is_some_and(|name| !self.policies.contains_key(name)) {
             return Err(PolicyError::NoSuchPolicy.into());

@@ -12,10 +12,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::command::{MetaCommand, MetaResponse};
-use crate::error::MetaError;
+use crate::error::{MetaError, TopicError};
 use crate::limits::MetaLimits;
 use crate::model::{ReclaimEntry, Segment, SegmentState, Topic};
 use crate::policy::PolicyDefinition;
+use crate::ring::VnodeArc;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaState {
@@ -32,6 +33,10 @@ pub struct MetaState {
     pub(crate) policies: BTreeMap<String, PolicyDefinition>,
     /// Segments whose metadata is gone and whose files the data plane still has to delete.
     pub(crate) pending_reclaim: BTreeMap<u64, ReclaimEntry>,
+    /// The vnode's arc of the ring, claimed by its first command. `None` in a state from
+    /// before the ring: it holds every name, as vnode 1 of a ring of one.
+    #[serde(default)]
+    pub(crate) arc: Option<VnodeArc>,
 }
 
 impl Default for MetaState {
@@ -52,6 +57,7 @@ impl MetaState {
             segments: BTreeMap::new(),
             policies: BTreeMap::new(),
             pending_reclaim: BTreeMap::new(),
+            arc: None,
         }
     }
 
@@ -75,6 +81,7 @@ impl MetaState {
             MetaCommand::SegmentFilesCreated { node_id, segment_ids } => {
                 self.segment_files_created(node_id, &segment_ids)
             }
+            MetaCommand::ClaimArc { arc } => self.claim_arc(arc),
         };
         if result.is_ok() {
             self.version += 1;
@@ -133,6 +140,49 @@ impl MetaState {
         self.topics.values().map(|topic| u64::from(topic.active_range_count())).sum()
     }
 
+    /// The arc of the ring this vnode holds (`None`: every name, from before the ring).
+    pub fn arc(&self) -> Option<VnodeArc> {
+        self.arc
+    }
+
+    /// Refuses a name outside this vnode's arc.
+    pub(crate) fn check_owns_name(&self, name: &str) -> Result<(), TopicError> {
+        match self.arc {
+            Some(arc) if !arc.owns_name(name) => Err(TopicError::WrongVnode { name: name.into() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Claims `arc`: refused if another arc is held, or if a topic here lies outside it; the
+    /// id counters move up into the arc's block.
+    fn claim_arc(&mut self, arc: VnodeArc) -> Result<MetaResponse, MetaError> {
+        match self.arc {
+            Some(held) if held == arc => return Ok(MetaResponse::ArcClaimed { already: true }),
+            Some(held) => {
+                let detail = format!("it holds {held:?}");
+                return Err(TopicError::ArcRefused { detail }.into());
+            }
+            None => {}
+        }
+        let outside = self
+            .topics
+            .values()
+            .find(|topic| !arc.owns_name(&topic.name) || !arc.owns_id(topic.topic_id));
+        if let Some(topic) = outside {
+            let detail = format!("topic {:?} ({}) lies outside", topic.name, topic.topic_id);
+            return Err(TopicError::ArcRefused { detail }.into());
+        }
+        let foreign_segment = self.segments.keys().chain(self.pending_reclaim.keys());
+        if let Some(segment_id) = foreign_segment.copied().find(|id| !arc.owns_id(*id)) {
+            let detail = format!("segment {segment_id} lies outside");
+            return Err(TopicError::ArcRefused { detail }.into());
+        }
+        self.next_topic_id = self.next_topic_id.max(arc.id_base() + 1);
+        self.next_segment_id = self.next_segment_id.max(arc.id_base() + 1);
+        self.arc = Some(arc);
+        Ok(MetaResponse::ArcClaimed { already: false })
+    }
+
     /// Segments the data plane still has to delete, by segment id.
     pub fn pending_reclaim(&self) -> &BTreeMap<u64, ReclaimEntry> {
         &self.pending_reclaim
@@ -163,6 +213,7 @@ impl MetaState {
     ) -> u64 {
         let segment_id = self.next_segment_id;
         self.next_segment_id = segment_id.checked_add(1).expect("segment ids never run out");
+        assert!(self.arc.is_none_or(|arc| arc.owns_id(segment_id)), "segment ids left the block");
         let segment = Segment {
             segment_id,
             topic_id,

@@ -22,6 +22,7 @@ impl MetaState {
         let count_log2 = self.validate_create(&create)?;
         let topic_id = self.next_topic_id;
         self.next_topic_id = topic_id.checked_add(1).expect("topic ids never run out");
+        assert!(self.arc.is_none_or(|arc| arc.owns_id(topic_id)), "topic ids left the block");
         let mut topic = Topic {
             topic_id,
             name: create.name.clone(),
@@ -61,6 +62,7 @@ impl MetaState {
     /// Returns `log2` of the initial range count.
     fn validate_create(&self, create: &CreateTopic) -> Result<u32, TopicError> {
         validate_topic_name(&create.name)?;
+        self.check_owns_name(&create.name)?;
         if self.topic_ids_by_name.contains_key(&create.name) {
             return Err(TopicError::AlreadyExists);
         }
@@ -98,6 +100,7 @@ impl MetaState {
 
     pub(crate) fn delete_topic(&mut self, name: &str) -> Result<MetaResponse, MetaError> {
         validate_topic_name(name)?;
+        self.check_owns_name(name)?;
         let topic_id = self.topic_ids_by_name.remove(name).ok_or(TopicError::NoSuchTopic)?;
         let topic = self.topics.remove(&topic_id).expect("the name index names live topics");
         let mut reclaim = Vec::new();

@@ -73,3 +73,53 @@ fn an_empty_state_holds_its_invariants() {
     state.check_invariants().expect("invariants");
     assert_eq!((state.version(), state.topics().count()), (0, 0));
 }
+
+/// A vnode claims its arc once: it then hands out ids from its block and refuses names that
+/// hash elsewhere; another arc, or an arc that leaves a topic outside, is refused unchanged.
+#[test]
+fn a_vnode_holds_its_arc_and_its_id_block() {
+    use crate::error::TopicError;
+    use crate::ring::{VnodeArc, vnode_of_name};
+    let count = 4;
+    let names: Vec<String> = (0..40).map(|i| format!("topic-{i}")).collect();
+    let mine: Vec<&String> = names.iter().filter(|name| vnode_of_name(name, count) == 3).collect();
+    let theirs = names.iter().find(|name| vnode_of_name(name, count) != 3).unwrap();
+    assert!(mine.len() >= 2, "enough names hash to vnode 3");
+    let arc = VnodeArc::of(3, count);
+
+    let mut state = MetaState::default();
+    let claim = MetaCommand::ClaimArc { arc };
+    assert_eq!(state.apply(claim.clone()), Ok(MetaResponse::ArcClaimed { already: false }));
+    assert_eq!(state.apply(claim), Ok(MetaResponse::ArcClaimed { already: true }));
+    let other = MetaCommand::ClaimArc { arc: VnodeArc::of(2, count) };
+    assert_eq!(state.apply(other).unwrap_err().reason(), "arc_refused");
+
+    let MetaResponse::TopicCreated { topic_id, ranges } =
+        apply_ok(&mut state, create(mine[0], Some(2)))
+    else {
+        panic!("created");
+    };
+    assert_eq!((topic_id, crate::ring::vnode_of_id(topic_id)), (arc.id_base() + 1, 3));
+    assert!(ranges.iter().all(|(_, segment_id)| arc.owns_id(*segment_id)));
+    let before = state.state_hash();
+    for refused in [
+        create(theirs, None),
+        MetaCommand::DeleteTopic { name: theirs.clone() },
+        MetaCommand::BindTopicPolicy { topic: theirs.clone(), policy: None },
+    ] {
+        let error = state.apply(refused).unwrap_err();
+        assert!(matches!(error, crate::MetaError::Topic(TopicError::WrongVnode { .. })), "{error}");
+    }
+    assert_eq!(state.state_hash(), before, "refusals change nothing");
+    state.check_invariants().unwrap();
+
+    // A state from before the ring holds topics anywhere: it may claim only a whole ring.
+    let mut legacy = MetaState::default();
+    apply_ok(&mut legacy, create(mine[1], None));
+    apply_ok(&mut legacy, create(theirs, None));
+    let partial = MetaCommand::ClaimArc { arc };
+    assert_eq!(legacy.apply(partial).unwrap_err().reason(), "arc_refused");
+    let whole = MetaCommand::ClaimArc { arc: VnodeArc::of(1, 1) };
+    assert_eq!(legacy.apply(whole), Ok(MetaResponse::ArcClaimed { already: false }));
+    legacy.check_invariants().unwrap();
+}
