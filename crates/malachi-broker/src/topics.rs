@@ -90,15 +90,17 @@ impl Broker {
         self.reclaim().await
     }
 
-    /// Deletes the files of segments metadata no longer lists, then acknowledges them, a
-    /// bounded chunk per command, until none is pending. Runs after every delete and on every
-    /// retention pass, so a delete interrupted by a crash finishes after the restart.
+    /// Deletes this broker's files of segments metadata no longer lists, then confirms them, a
+    /// bounded chunk per command, until none of its copies is pending. Runs after every delete
+    /// and on every retention pass, on every broker, so a delete interrupted by a crash (or a
+    /// broker down at the time) finishes after the restart.
     pub(crate) async fn reclaim(&self) -> Result<(), LogError> {
         loop {
             let pending: Vec<SegmentKey> = self.meta.read(|meta| {
                 meta.0
                     .pending_reclaim()
                     .iter()
+                    .filter(|(_, entry)| entry.replicas.contains(&self.node_id))
                     .take(SEGMENT_IDS_PER_COMMAND_MAX)
                     .map(|(&segment_id, entry)| SegmentKey {
                         topic_id: entry.topic_id,
@@ -114,7 +116,8 @@ impl Broker {
                 self.data.remove(*key).await?;
             }
             let segment_ids = pending.iter().map(|key| key.segment_id).collect();
-            self.propose_meta(MetaCommand::ReclaimDone { segment_ids }).await?;
+            let node_id = Some(self.node_id);
+            self.propose_meta(MetaCommand::ReclaimDone { segment_ids, node_id }).await?;
         }
     }
 

@@ -49,9 +49,14 @@ pub enum MetaCommand {
     ExpireSegments {
         segments: Vec<SegmentRef>,
     },
-    /// The data plane deleted these segments' files; unknown ids are ignored.
+    /// The data plane deleted these segments' files; unknown ids are ignored. With `node_id`,
+    /// that node deleted its copies: an entry goes once every replica it lists confirmed, so
+    /// no broker's copy is forgotten while still on its disk. Without, the entries go at once
+    /// (a broker alone, whose copies are all its own).
     ReclaimDone {
         segment_ids: Vec<u64>,
+        #[serde(default)]
+        node_id: Option<u64>,
     },
     /// Node `node_id` created (durably) its files of these segments: from now on a missing file
     /// there is damage, not a create that never happened. Ids that are gone, or whose replicas

@@ -77,7 +77,9 @@ impl MetaState {
                 self.bind_topic_policy(&topic, policy)
             }
             MetaCommand::ExpireSegments { segments } => self.expire_segments(&segments),
-            MetaCommand::ReclaimDone { segment_ids } => self.reclaim_done(&segment_ids),
+            MetaCommand::ReclaimDone { segment_ids, node_id } => {
+                self.reclaim_done(&segment_ids, node_id)
+            }
             MetaCommand::SegmentFilesCreated { node_id, segment_ids } => {
                 self.segment_files_created(node_id, &segment_ids)
             }

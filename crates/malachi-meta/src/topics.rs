@@ -120,17 +120,29 @@ impl MetaState {
         Ok(MetaResponse::TopicDeleted { topic_id, reclaim })
     }
 
-    pub(crate) fn reclaim_done(&mut self, segment_ids: &[u64]) -> Result<MetaResponse, MetaError> {
+    pub(crate) fn reclaim_done(
+        &mut self,
+        segment_ids: &[u64],
+        node_id: Option<u64>,
+    ) -> Result<MetaResponse, MetaError> {
         let limit = self.limits.max_items_per_command;
         if segment_ids.len() > limit as usize {
             let count = segment_ids.len() as u64;
             return Err(RetentionError::TooManyItems { count, limit }.into());
         }
-        let removed = segment_ids
-            .iter()
-            .filter(|segment_id| self.pending_reclaim.remove(segment_id).is_some())
-            .count();
-        Ok(MetaResponse::ReclaimAcknowledged { removed: removed as u64 })
+        let mut removed = 0;
+        for segment_id in segment_ids {
+            let Some(entry) = self.pending_reclaim.get_mut(segment_id) else { continue };
+            if let Some(node_id) = node_id {
+                entry.replicas.retain(|replica| *replica != node_id);
+                if !entry.replicas.is_empty() {
+                    continue;
+                }
+            }
+            self.pending_reclaim.remove(segment_id);
+            removed += 1;
+        }
+        Ok(MetaResponse::ReclaimAcknowledged { removed })
     }
 
     pub(crate) fn segment_files_created(

@@ -405,7 +405,7 @@ impl Model {
             MetaCommand::RollSegment(roll) => self.roll(roll),
             MetaCommand::CommitPositions(commit) => self.commit(commit),
             MetaCommand::ExpireSegments { segments } => self.expire(segments),
-            MetaCommand::ReclaimDone { segment_ids } => {
+            MetaCommand::ReclaimDone { segment_ids, node_id: None } => {
                 segment_ids.iter().for_each(|id| {
                     self.pending_reclaim.remove(id);
                 });
@@ -632,8 +632,10 @@ fn housekeeping_steps(model: &Model) -> BoxedStrategy<Step> {
     let delete =
         names.prop_map(|name| Step::Command(MetaCommand::DeleteTopic { name: name.to_string() }));
     let pending: Vec<u64> = model.pending_reclaim.iter().copied().chain([BOGUS_ID]).collect();
-    let reclaim = proptest::sample::subsequence(pending.clone(), 0..=pending.len())
-        .prop_map(|segment_ids| Step::Command(MetaCommand::ReclaimDone { segment_ids }));
+    let reclaim =
+        proptest::sample::subsequence(pending.clone(), 0..=pending.len()).prop_map(|segment_ids| {
+            Step::Command(MetaCommand::ReclaimDone { segment_ids, node_id: None })
+        });
     let retention = (0u64..300, optional_limit(), optional_limit()).prop_map(
         move |(later_ms, max_age_ms, max_bytes)| {
             let defaults =

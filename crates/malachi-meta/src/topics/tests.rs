@@ -141,7 +141,8 @@ fn reclaim_done_removes_only_known_ids() {
     let cases: &[(Vec<u64>, u64, usize)] =
         &[(vec![2, 99], 1, 3), (vec![2], 0, 3), (vec![1, 3, 4], 3, 0)];
     for (ids, removed, left) in cases {
-        let response = apply_ok(&mut state, MetaCommand::ReclaimDone { segment_ids: ids.clone() });
+        let command = MetaCommand::ReclaimDone { segment_ids: ids.clone(), node_id: None };
+        let response = apply_ok(&mut state, command);
         assert_eq!(response, MetaResponse::ReclaimAcknowledged { removed: *removed });
         assert_eq!(state.pending_reclaim().len(), *left);
     }
@@ -149,9 +150,28 @@ fn reclaim_done_removes_only_known_ids() {
     let mut state = MetaState::new(limits);
     assert_refused(
         &mut state,
-        MetaCommand::ReclaimDone { segment_ids: vec![1, 2, 3] },
+        MetaCommand::ReclaimDone { segment_ids: vec![1, 2, 3], node_id: None },
         "too_many_items",
     );
+}
+
+/// Each replica confirms its own copy; the entry goes with the last one, and a node that holds
+/// no copy confirms nothing.
+#[test]
+fn reclaim_waits_for_every_replica() {
+    let mut state = MetaState::default();
+    let MetaCommand::CreateTopic(mut create) = create("orders", None) else { unreachable!() };
+    create.replicas = vec![1, 2];
+    apply_ok(&mut state, MetaCommand::CreateTopic(create));
+    apply_ok(&mut state, MetaCommand::DeleteTopic { name: "orders".into() });
+    let steps = [(Some(3), 0, vec![1, 2]), (Some(2), 0, vec![1]), (Some(1), 1, vec![])];
+    for (node_id, removed, left) in steps {
+        let command = MetaCommand::ReclaimDone { segment_ids: vec![1], node_id };
+        let response = apply_ok(&mut state, command);
+        assert_eq!(response, MetaResponse::ReclaimAcknowledged { removed }, "{node_id:?}");
+        let replicas = state.pending_reclaim().get(&1).map(|entry| entry.replicas.clone());
+        assert_eq!(replicas.unwrap_or_default(), left, "{node_id:?}");
+    }
 }
 
 #[test]
