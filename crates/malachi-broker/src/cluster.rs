@@ -196,6 +196,11 @@ impl Broker {
                 self.add_to_group(add).await?;
                 Ok(Vec::new())
             }
+            crate::coordinate::CALL_ROLL_WANTED
+            | crate::coordinate::CALL_LOAD_REPORT
+            | crate::coordinate::CALL_RESHAPE => {
+                return self.handle_coordination_call(&request.payload).await;
+            }
             other => return Err(format!("unknown cluster call {other}")),
         };
         answer.map_err(|error| error.to_string())

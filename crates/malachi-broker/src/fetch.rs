@@ -86,6 +86,7 @@ impl Broker {
     pub async fn fetch(&self, args: &FetchArgs<'_>) -> Result<FetchPage, LogError> {
         let max = clamp_max(args.max);
         let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
+        self.see_topic(args.topic).await;
         let Some(topic) = self.meta.read(|meta| meta.0.topic_by_name(args.topic).cloned()) else {
             // The original answers an unknown topic with an empty page.
             return Ok(FetchPage::default());

@@ -96,6 +96,11 @@ impl LoadTracker {
         Rate { records_per_s: records * 1000 / window_s, bytes_per_s: bytes * 1000 / window_s }
     }
 
+    /// The ranges with load recorded, in order.
+    pub fn ranges(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.ranges.keys().copied()
+    }
+
     /// Drops ranges that no longer take writes.
     pub fn retain(&mut self, mut keep: impl FnMut(u64, u32) -> bool) {
         self.ranges.retain(|(topic_id, range_id), _| keep(*topic_id, *range_id));

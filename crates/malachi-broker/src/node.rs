@@ -13,6 +13,7 @@ use malachi_meta::{AdminCommand, AdminError, LockoutPolicy};
 
 use crate::auth::{self, Entropy};
 use crate::config::BrokerConfig;
+use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::cursor::CursorKey;
 use crate::data::{DataPlane, IoMode};
 use crate::groups::Members;
@@ -78,6 +79,10 @@ pub struct Canaries {
     pub skip_dir_sync: bool,
     /// Segment recovery cuts at the first bad frame even when later writes follow it.
     pub cut_damage: bool,
+    /// The coordinator keeps deciding after it lost the vnode's leadership, and its commands
+    /// are forwarded to whoever leads now instead of being fenced by the term they were
+    /// decided in.
+    pub coordinate_deposed: bool,
 }
 
 impl NodeDeps {
@@ -129,10 +134,13 @@ pub struct Broker {
     /// for one write head. Produce and fetch never take it.
     pub(crate) reshape_lock: tokio::sync::Mutex<()>,
     pub(crate) load: Mutex<LoadTracker>,
-    /// Ranges with a roll requested and not yet done.
+    /// Ranges this broker is rolling now (as the vnode's coordinator).
     pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
+    /// When this broker last asked the vnode's leader to roll each range.
+    pub(crate) roll_asked_ms: Mutex<std::collections::BTreeMap<(u64, u32), u64>>,
     pub(crate) members: Mutex<Members>,
-    pub(crate) last_reshape_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// The vnode's coordinator; it decides only while this broker leads the vnode.
+    pub(crate) coordinator: Mutex<Coordinator>,
     /// Every broker's membership status, as the SWIM driver (`gossip.rs`) last published it.
     pub(crate) statuses: Mutex<crate::gossip::MemberStatuses>,
     /// This broker, for background tasks it starts.
@@ -238,6 +246,8 @@ impl Broker {
                 })
                 .map_err(|source| data_dir_error(&data_dir, source))?
                 .with_canary_skip_dir_sync(deps.canaries.skip_dir_sync);
+        let coordinator =
+            Coordinator::new(coordinator_config(&deps.config), deps.canaries.coordinate_deposed);
         let broker = Arc::new_cyclic(|me| Broker {
             me: me.clone(),
             load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
@@ -256,8 +266,9 @@ impl Broker {
             cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
             reshape_lock: tokio::sync::Mutex::new(()),
             rolling: Mutex::new(BTreeSet::new()),
+            roll_asked_ms: Mutex::new(Default::default()),
             members: Mutex::new(Members::default()),
-            last_reshape_ms: Mutex::new(Default::default()),
+            coordinator: Mutex::new(coordinator),
             statuses: Mutex::new(Default::default()),
         });
         Ok(broker)
@@ -482,6 +493,24 @@ impl Broker {
     pub async fn shutdown(&self) {
         let _ = self.meta.shutdown().await;
         let _ = self.admin.shutdown().await;
+    }
+}
+
+/// What the coordinator takes from the configuration.
+pub fn coordinator_config(config: &BrokerConfig) -> CoordinatorConfig {
+    CoordinatorConfig {
+        load: config.load,
+        retention_interval_ms: config.retention_interval_ms,
+        retention: retention_defaults(config),
+    }
+}
+
+/// The cluster-wide retention a topic without a policy is held to.
+pub fn retention_defaults(config: &BrokerConfig) -> malachi_meta::RetentionDefaults {
+    malachi_meta::RetentionDefaults {
+        max_age_ms: config.retention_max_age_ms,
+        max_bytes: config.retention_max_bytes,
+        unresolved_policy_max_age_ms: config.retention_unresolved_policy_max_age_ms,
     }
 }
 

@@ -54,6 +54,7 @@ impl Broker {
     ) -> Result<u32, LogError> {
         let count =
             u32::try_from(records.len()).map_err(|_| LogError::Limit(too_many(records.len())))?;
+        self.see_topic(topic).await;
         let topic_id = self.topic_id(topic)?;
         if records.is_empty() {
             return Ok(0);
@@ -169,14 +170,9 @@ impl Broker {
                     pass.appended_any = true;
                 }
                 Err(AppendError::Sealed { .. }) => {
-                    let healed = self.heal_sealed_head(
-                        batch.key.topic_id,
-                        batch.key.range_id,
-                        batch.key.segment_id,
-                    );
-                    if let Err(error) = healed.await {
-                        pass.failure.get_or_insert(error);
-                    }
+                    // A reshape sealed it under us (it moves the head on), or one stopped
+                    // after its seal (a crash, a refusal): the roll asked for completes it.
+                    self.request_roll(batch.key.topic_id, batch.key.range_id);
                     pass.fenced.extend(batch.indexes);
                 }
                 Err(error) => {
@@ -260,20 +256,6 @@ impl Broker {
     pub(crate) fn repair_poisoned(&self, key: SegmentKey, segment: &Arc<malachi_log::Segment>) {
         self.data.evict_poisoned(key, segment);
         self.request_roll(key.topic_id, key.range_id);
-    }
-
-    /// Starts a roll in the background unless one is already pending for the range.
-    pub(crate) fn request_roll(&self, topic_id: u64, range_id: u32) {
-        let Some(broker) = self.self_handle() else { return };
-        if !self.rolling.lock().expect("rolling lock poisoned").insert((topic_id, range_id)) {
-            return;
-        }
-        tokio::spawn(async move {
-            if let Err(error) = broker.roll(topic_id, range_id).await {
-                tracing::warn!(topic_id, range_id, %error, "segment roll failed");
-            }
-            broker.rolling.lock().expect("rolling lock poisoned").remove(&(topic_id, range_id));
-        });
     }
 }
 

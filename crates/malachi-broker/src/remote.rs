@@ -8,6 +8,9 @@
 //! through its own door ([`Broker::segment`]), so its fences, group commit and load accounting
 //! apply exactly as for a local client.
 //!
+//! The coordinator's fence travels the same way: seal a head on the broker holding it, and
+//! create a new segment's file on the broker placement chose.
+//!
 //! Layouts (little-endian): a request is the segment key (`topic_id` u64, `range_id` u32,
 //! `segment_id` u64) then the operation's arguments; an answer starts with a status byte: 0
 //! done (then the result), 1 fenced (append: the head was sealed; re-route) or gone (read and
@@ -31,6 +34,14 @@ use crate::produce::RangeBatch;
 pub const CALL_APPEND: u8 = 1;
 pub const CALL_READ: u8 = 2;
 pub const CALL_END: u8 = 3;
+/// Seal an active segment (the coordinator's fence); answers its end offset and data bytes.
+pub const CALL_SEAL: u8 = 4;
+/// Create the file of a segment metadata has just allocated.
+pub const CALL_CREATE: u8 = 5;
+
+/// How long a broker asked to create a segment's file waits to apply the metadata that
+/// allocated it (the leader committed it; a follower applies it a moment later).
+const CREATE_WAIT_MS: u64 = 2_000;
 
 /// How long a forwarded operation may take: an append waits for the holder's fsync, which a
 /// busy disk can delay for seconds.
@@ -96,6 +107,29 @@ impl Broker {
         decode_answer(&answer, |body| Reader(body).u64())
     }
 
+    /// Seals `key` on `holder` (the coordinator's fence there).
+    pub(crate) async fn remote_seal(
+        &self,
+        holder: u64,
+        key: SegmentKey,
+    ) -> Result<Remote<malachi_meta::SealReport>, LogError> {
+        let answer = self.data_call(holder, CALL_SEAL, encode_key(key)).await?;
+        decode_answer(&answer, |body| {
+            let mut reader = Reader(body);
+            let (end_offset, data_bytes) = (reader.u64()?, reader.u64()?);
+            Ok(malachi_meta::SealReport { segment_id: key.segment_id, end_offset, data_bytes })
+        })
+    }
+
+    /// Creates `key`'s file on `holder`.
+    pub(crate) async fn remote_create(&self, holder: u64, key: SegmentKey) -> Result<(), LogError> {
+        let answer = self.data_call(holder, CALL_CREATE, encode_key(key)).await?;
+        match decode_answer(&answer, |_| Ok(()))? {
+            Remote::Done(()) => Ok(()),
+            Remote::FencedOrGone => Err(LogError::NoSuchTopic),
+        }
+    }
+
     async fn data_call(
         &self,
         holder: u64,
@@ -126,6 +160,13 @@ impl Broker {
     pub(crate) async fn handle_data_call(&self, request: Request) -> Result<Vec<u8>, String> {
         let mut reader = Reader(&request.payload);
         let key = decode_key(&mut reader)?;
+        // The caller acts on metadata it has applied; this broker may not have yet (a segment
+        // created a moment ago). Catch up before answering that it does not know the segment.
+        if self.listed(key).is_none()
+            && let Err(error) = self.meta.read_barrier().await
+        {
+            tracing::debug!(?key, %error, "read barrier for an unknown segment failed");
+        }
         let mut answer = vec![DONE];
         let outcome = match request.kind {
             CALL_APPEND => {
@@ -143,6 +184,16 @@ impl Broker {
                     Err(error) => Err(error),
                 }
             }
+            CALL_SEAL => match self.seal_here(key).await {
+                Ok(seal) => {
+                    answer.extend_from_slice(&seal.end_offset.to_le_bytes());
+                    answer.extend_from_slice(&seal.data_bytes.to_le_bytes());
+                    Ok(true)
+                }
+                Err(LogError::NoSuchTopic) => Ok(false),
+                Err(error) => Err(error),
+            },
+            CALL_CREATE => self.create_when_listed(key).await,
             CALL_END => match self.segment_end(key).await {
                 Ok(Some(end)) => {
                     answer.extend_from_slice(&end.to_le_bytes());
@@ -162,6 +213,19 @@ impl Broker {
                 failed
             }
         })
+    }
+
+    /// Creates `key`'s file once this broker's metadata lists it (`false`: it never did within
+    /// `CREATE_WAIT_MS`, or the segment is gone).
+    async fn create_when_listed(&self, key: SegmentKey) -> Result<bool, LogError> {
+        const POLL_MS: u64 = 10;
+        for _ in 0..CREATE_WAIT_MS / POLL_MS {
+            if self.listed(key).is_some() {
+                return self.create_segments(&[key]).await.map(|()| true);
+            }
+            tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+        }
+        Ok(false)
     }
 
     /// A peer's batch for a head this broker holds, appended as a local produce's: `true`

@@ -14,6 +14,7 @@ use openraft::SnapshotPolicy;
 use openraft::error::ClientWriteError;
 use openraft::error::Fatal;
 use openraft::error::InitializeError;
+use openraft::error::LinearizableReadError;
 use openraft::error::RaftError;
 use openraft::metrics::WaitError;
 use openraft::type_config::TypeConfigExt;
@@ -120,6 +121,13 @@ pub enum FirstBoot {
     Initialize,
     /// Wait to be added by the group's leader (a broker joining a cluster).
     AwaitLeader,
+}
+
+/// The leader's answer to a read barrier asked of it.
+#[derive(Debug, Serialize, Deserialize)]
+enum ReadIndex {
+    At { log_index: u64 },
+    NotLeader { leader_hint: Option<u64> },
 }
 
 /// A forwarded write's outcome, as the leader answers it.
@@ -244,6 +252,21 @@ impl<M: StateMachine> RaftGroup<M> {
         }
     }
 
+    /// Proposes `command` on this node only, and only while it leads the group in `term`: a
+    /// decision made while leading is never carried into another term, nor forwarded to
+    /// another leader (the coordinator's fence). Elsewhere `NotLeader`, with the leader known.
+    pub async fn propose_as_leader(
+        &self,
+        command: M::Command,
+        term: u64,
+    ) -> Result<M::Response, ConsensusError> {
+        let (leader, current_term) = self.leader();
+        if leader != Some(self.node_id) || current_term != term {
+            return Err(ConsensusError::NotLeader { leader_hint: leader });
+        }
+        self.propose_here(command).await.map(|(response, _)| response)
+    }
+
     /// Proposes on this node only; with the entry's log index.
     async fn propose_here(
         &self,
@@ -321,6 +344,54 @@ impl<M: StateMachine> RaftGroup<M> {
                 Err(ConsensusError::OutcomeUnknown { leader_hint })
             }
             Forwarded::Failed { detail } => Err(ConsensusError::Internal(detail)),
+        }
+    }
+
+    /// A read barrier: waits until this node has applied everything the group committed before
+    /// the call, so that a read here afterwards sees every write acknowledged anywhere before
+    /// it. The leader confirms with a quorum that it still leads; another node asks the leader
+    /// for that commit index. Reads are local and may lag otherwise; this is for the reads
+    /// whose answer would be wrong if they lagged (a topic created a moment ago through another
+    /// broker must not be `no_such_topic`).
+    pub async fn read_barrier(&self) -> Result<(), ConsensusError> {
+        let index = match self.leader().0 {
+            Some(leader) if leader == self.node_id => self.read_index_here().await?,
+            Some(leader) => self.read_index_from(leader).await?,
+            None => return Err(ConsensusError::NotLeader { leader_hint: None }),
+        };
+        self.wait_applied(index).await
+    }
+
+    /// The commit index a read on the leader must wait for, once a quorum confirmed it leads.
+    async fn read_index_here(&self) -> Result<u64, ConsensusError> {
+        match self.raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex).await {
+            Ok(read) => Ok(read.index()),
+            Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                Err(ConsensusError::NotLeader { leader_hint: forward.leader_id })
+            }
+            Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_))) => {
+                Err(ConsensusError::NotLeader { leader_hint: None })
+            }
+            Err(RaftError::Fatal(fatal)) => Err(fatal_error(&self.store, fatal)),
+        }
+    }
+
+    async fn read_index_from(&self, leader: u64) -> Result<u64, ConsensusError> {
+        let message = crate::network::RaftMessage {
+            group_id: self.group_id,
+            source_node_id: self.node_id,
+            target_node_id: leader,
+            kind: MessageKind::ReadIndex,
+            timeout_ms: self.propose_wait_ms,
+            payload: Vec::new(),
+        };
+        let answer = self.transport.send(message).await.map_err(|error| {
+            tracing::debug!(group_id = self.group_id, leader, %error, "read index failed");
+            ConsensusError::NotLeader { leader_hint: None }
+        })?;
+        match decode_message::<ReadIndex>(&answer)? {
+            ReadIndex::At { log_index } => Ok(log_index),
+            ReadIndex::NotLeader { leader_hint } => Err(ConsensusError::NotLeader { leader_hint }),
         }
     }
 
@@ -451,6 +522,16 @@ impl<M: StateMachine> RaftGroup<M> {
                         Forwarded::OutcomeUnknown { leader_hint }
                     }
                     Err(error) => Forwarded::Failed { detail: error.to_string() },
+                };
+                encode_message(&answer)
+            }
+            MessageKind::ReadIndex => {
+                let answer = match self.read_index_here().await {
+                    Ok(log_index) => ReadIndex::At { log_index },
+                    Err(ConsensusError::NotLeader { leader_hint }) => {
+                        ReadIndex::NotLeader { leader_hint }
+                    }
+                    Err(error) => return Err(error),
                 };
                 encode_message(&answer)
             }

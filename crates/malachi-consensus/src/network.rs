@@ -81,6 +81,9 @@ pub enum MessageKind {
     /// A client write this node forwards to the group's leader (not a Raft RPC): the command's
     /// JSON; the answer is a `Forwarded` in JSON.
     ClientWrite = 5,
+    /// A read barrier this node asks of the group's leader (not a Raft RPC): an empty payload;
+    /// the answer is a `ReadIndex` in JSON.
+    ReadIndex = 6,
 }
 
 impl MessageKind {
@@ -95,6 +98,7 @@ impl MessageKind {
             3 => Some(MessageKind::PreVote),
             4 => Some(MessageKind::FullSnapshot),
             5 => Some(MessageKind::ClientWrite),
+            6 => Some(MessageKind::ReadIndex),
             _ => None,
         }
     }
@@ -264,7 +268,7 @@ fn rpc_type(kind: MessageKind) -> RPCTypes {
         MessageKind::AppendEntries => RPCTypes::AppendEntries,
         MessageKind::Vote | MessageKind::PreVote => RPCTypes::Vote,
         MessageKind::FullSnapshot => RPCTypes::InstallSnapshot,
-        MessageKind::ClientWrite => RPCTypes::AppendEntries,
+        MessageKind::ClientWrite | MessageKind::ReadIndex => RPCTypes::AppendEntries,
     }
 }
 

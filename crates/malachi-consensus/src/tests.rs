@@ -380,13 +380,14 @@ fn message_kind_codes_round_trip() {
         (MessageKind::PreVote, 3),
         (MessageKind::FullSnapshot, 4),
         (MessageKind::ClientWrite, 5),
+        (MessageKind::ReadIndex, 6),
     ];
     for (kind, code) in kinds {
         assert_eq!(kind.code(), code);
         assert_eq!(MessageKind::from_code(code), Some(kind));
     }
     assert_eq!(MessageKind::from_code(0), None);
-    assert_eq!(MessageKind::from_code(6), None);
+    assert_eq!(MessageKind::from_code(7), None);
 }
 
 fn log_id(term: u64, node_id: u64, index: u64) -> LogId<Counters> {
@@ -643,4 +644,32 @@ async fn a_forward_to_a_silenced_leader_ends_with_its_leadership() {
         group.shutdown().await.unwrap();
     }
     drop(first);
+}
+
+/// A read barrier on any member waits until that member has applied what the leader had
+/// committed; with the leader gone and no quorum left, it answers `NotLeader`, never hangs.
+#[tokio::test]
+async fn a_read_barrier_catches_a_member_up_or_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::default();
+    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
+    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
+    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
+    first.add_member(2, true).await.unwrap();
+    first.add_member(3, true).await.unwrap();
+    for round in 1..=20u64 {
+        first.propose(add("a", 1)).await.unwrap();
+        for member in [&first, &second, &third] {
+            member.read_barrier().await.unwrap();
+            assert_eq!(member.read(|counters| counters.counts.get("a").copied()), Some(round));
+        }
+    }
+    for node in [1, 2] {
+        net.down(node).shutdown().await.unwrap();
+    }
+    let refused = tokio::time::timeout(Duration::from_secs(20), third.read_barrier());
+    let refused = refused.await.expect("the barrier gave up in bounded time");
+    assert!(matches!(refused, Err(ConsensusError::NotLeader { .. })), "{refused:?}");
+    third.shutdown().await.unwrap();
+    drop((first, second));
 }

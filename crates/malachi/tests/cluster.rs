@@ -9,7 +9,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::{BrokerProcess, free_port};
-use malachi_client::{Client, FetchOptions, RecordBuilder};
+use malachi_client::{Client, FetchOptions, RangeState, RecordBuilder};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 
@@ -98,11 +98,21 @@ async fn produce_and_read_back(client: &Client, topic: &str, records: u32) {
 
 /// `count` brokers under `dir`: the first starts the cluster, the others join through it.
 fn start_cluster(dir: &std::path::Path, count: usize) -> Vec<Member> {
+    start_cluster_with(dir, count, &[])
+}
+
+/// As [`start_cluster`], every broker with the settings `env` too.
+fn start_cluster_with(dir: &std::path::Path, count: usize, env: &[(&str, &str)]) -> Vec<Member> {
     let cluster_ports: Vec<u16> = (0..count).map(|_| free_port()).collect();
     let mut members: Vec<Member> = (0..count)
         .map(|i| {
             let seed = (i > 0).then_some(cluster_ports[0]);
-            Member::new(&dir.join(format!("n{}", i + 1)), i as u64 + 1, cluster_ports[i], seed)
+            let dir = dir.join(format!("n{}", i + 1));
+            let mut member = Member::new(&dir, i as u64 + 1, cluster_ports[i], seed);
+            for (name, value) in env {
+                member.process.env.push((name.to_string(), value.to_string()));
+            }
+            member
         })
         .collect();
     for member in &mut members {
@@ -241,17 +251,27 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     clients[other].create_user("late", "user-password-1", &["consume"]).await.unwrap();
     let topics = clients[other].list_topics().await.unwrap();
     assert!(topics.contains(&"after-kill".to_string()), "{topics:?}");
-    // Data held by a survivor is still served, through either survivor; data held by the
-    // killed broker waits for it with a retryable reason (replication removes that wait).
-    let held = format!("t{}", survivor + 1);
-    for client in [&clients[survivor], &clients[other]] {
-        let (read, _) = common::drain(client, &held, None).await;
-        assert_eq!(read.len(), 35);
+    // Placement spread the topics' segments over the brokers. A topic held by the survivors is
+    // still served through either survivor; one held by the killed broker waits for it with a
+    // retryable reason (replication removes that wait).
+    let mut orphans = Vec::new();
+    for topic in ["t1", "t2", "t3"] {
+        for client in [&clients[survivor], &clients[other]] {
+            match try_drain(client, topic).await {
+                Ok(read) => assert_eq!(read, 35, "{topic}"),
+                Err(error) => {
+                    assert!(error.is_retryable(), "{topic}: {error}");
+                    orphans.push(topic);
+                }
+            }
+        }
     }
-    let orphan = format!("t{}", leader + 1);
-    let waiting = clients[survivor].produce(&orphan, vec![RecordBuilder::new("x").build()]).await;
-    let waiting = waiting.unwrap_err();
-    assert!(waiting.is_retryable(), "{waiting}");
+    orphans.dedup();
+    for orphan in &orphans {
+        let waiting = clients[survivor].produce(orphan, vec![RecordBuilder::new("x").build()]);
+        let waiting = waiting.await.unwrap_err();
+        assert!(waiting.is_retryable(), "{waiting}");
+    }
     // Membership declares the killed broker dead on both survivors.
     let killed_id = leader as u64 + 1;
     for client in [&clients[survivor], &clients[other]] {
@@ -267,19 +287,38 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
         if topics.contains(&"after-kill".to_string()) { Ok(()) } else { Err(format!("{topics:?}")) }
     })
     .await;
-    let (read, _) = common::drain(&back, &orphan, None).await;
-    assert_eq!(read.len(), 35, "its own segments survived the kill");
-    eventually("the survivors reach the restarted broker's data", || async {
-        let batch = vec![RecordBuilder::new("after").build()];
-        clients[survivor].produce(&orphan, batch).await.map(drop).map_err(|e| e.to_string())
-    })
-    .await;
+    for topic in ["t1", "t2", "t3"] {
+        let (read, _) = common::drain(&back, topic, None).await;
+        assert_eq!(read.len(), 35, "{topic}: every segment survived the kill");
+    }
+    for orphan in &orphans {
+        eventually("the survivors reach the restarted broker's data", || async {
+            let batch = vec![RecordBuilder::new("after").build()];
+            clients[survivor].produce(orphan, batch).await.map(drop).map_err(|e| e.to_string())
+        })
+        .await;
+    }
     back.create_topic("after-restart").await.unwrap();
     // ... and alive again, as seen by every broker.
     for client in clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c) {
         status_becomes(client, killed_id, 0).await;
     }
     status_becomes(&back, killed_id, 0).await;
+}
+
+/// The records of `topic` from its start, or the first refusal.
+async fn try_drain(client: &Client, topic: &str) -> Result<usize, malachi_client::ClientError> {
+    let mut cursor = None;
+    let mut count = 0;
+    loop {
+        let options = FetchOptions { cursor: cursor.clone(), max: 500, ..FetchOptions::default() };
+        let (page, next) = client.fetch(topic, &options).await?;
+        if page.is_empty() {
+            return Ok(count);
+        }
+        count += page.len();
+        cursor = Some(next);
+    }
 }
 
 /// Waits (up to 20 s: SWIM takes about 5 s to declare a broker dead) until `client`'s broker
@@ -342,7 +381,8 @@ async fn kill_under_load_loses_no_acknowledged_record() {
     for member in &members {
         clients.push(member.admin().await);
     }
-    // One topic held by each broker, so the kill takes one topic's data with it.
+    // Topics created through each broker; placement spreads their segments, so the kill takes
+    // some of their data with it until the broker is back.
     for (i, client) in clients.iter().enumerate() {
         client.create_topic_with_ranges(&format!("load{}", i + 1), 4).await.unwrap();
     }
@@ -423,4 +463,78 @@ async fn kill_under_load_loses_no_acknowledged_record() {
         }
     }
     eprintln!("{total} acknowledged records across a kill of broker {}, all read back", leader + 1);
+}
+
+/// The vnode's leader coordinates for every broker: heads held anywhere roll when they fill, a
+/// topic under load through the other brokers splits, an operator's split through a broker
+/// that does not lead is carried out by the leader, and only the leader logs reshapes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vnode_leader_coordinates_for_every_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("MALACHI_SEGMENT_MAX_BYTES", "4096"),
+        ("MALACHI_AUTO_SPLIT_ENABLED", "true"),
+        ("MALACHI_AUTO_SPLIT_WINDOW_MS", "2000"),
+        ("MALACHI_SPLIT_RECORDS_PER_S", "200"),
+        ("MALACHI_MERGE_RECORDS_PER_S", "0"),
+        ("MALACHI_RESHAPE_COOLDOWN_MS", "1000"),
+    ];
+    let members = start_cluster_with(dir.path(), 3, &env);
+    let mut clients = Vec::new();
+    for member in &members {
+        clients.push(member.admin().await);
+    }
+    eventually("a vnode leader", || async {
+        let status = clients[0].cluster_status().await.map_err(|e| e.to_string())?;
+        let vnode = status.groups.iter().find(|group| group.group_id == 1);
+        if vnode.is_some_and(|group| group.leader != 0) { Ok(()) } else { Err("none".into()) }
+    })
+    .await;
+    let status = clients[0].cluster_status().await.unwrap();
+    let leader = status.groups.iter().find(|group| group.group_id == 1).unwrap().leader;
+    let followers: Vec<usize> = (0..3).filter(|&i| i as u64 + 1 != leader).collect();
+
+    // An operator's split through a follower.
+    let follower = &clients[followers[0]];
+    follower.create_topic("manual").await.unwrap();
+    produce_and_read_back(follower, "manual", 10).await;
+    assert_eq!(follower.split_range("manual", 0).await.unwrap(), (1, 2));
+    let described = follower.describe_topic("manual").await.unwrap();
+    assert_eq!(
+        described.ranges.iter().filter(|range| range.state == RangeState::Active).count(),
+        2
+    );
+
+    // Load through both followers: heads fill and roll, the hot range splits.
+    follower.create_topic("busy").await.unwrap();
+    let mut acknowledged = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(6) {
+        for &at in &followers {
+            let batch = (0..50)
+                .map(|n| {
+                    RecordBuilder::new(format!("{n:04}{}", "x".repeat(100)))
+                        .key(format!("k{n}"))
+                        .build()
+                })
+                .collect();
+            acknowledged += clients[at].produce("busy", batch).await.unwrap() as usize;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually("the busy topic rolled and split", || async {
+        let described = follower.describe_topic("busy").await.map_err(|e| e.to_string())?;
+        let active = described.ranges.iter().filter(|r| r.state == RangeState::Active).count();
+        let rolled = described.ranges.iter().any(|range| range.segments > 1);
+        if active > 1 && rolled { Ok(()) } else { Err(format!("{described:?}")) }
+    })
+    .await;
+    for client in &clients {
+        let (read, _) = common::drain(client, "busy", None).await;
+        assert_eq!(read.len(), acknowledged, "every acknowledged record, through every broker");
+    }
+    for (at, member) in members.iter().enumerate() {
+        let reshaped = member.process.log().contains("reshaped");
+        assert_eq!(reshaped, at as u64 + 1 == leader, "broker {} logged a reshape", at + 1);
+    }
 }

@@ -263,7 +263,7 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
     for process in &brokers.processes {
         clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
     }
-    // A topic created through each broker (and held by it), with records in it.
+    // A topic created through each broker, with records in it (placement spreads them).
     for (host, client) in clients.iter().enumerate() {
         let topic = format!("held{}", host + 1);
         client.create_topic_with_ranges(&topic, 2).await.unwrap();
@@ -285,7 +285,8 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
     let isolated = vnode_leader(&clients[0]).await.unwrap() as usize - 1;
     let majority: Vec<usize> = (0..HOSTS).filter(|&host| host != isolated).collect();
 
-    // Load through the majority brokers, on the topics they hold.
+    // Load through the majority brokers, on the topics created through them (a producer whose
+    // topic lies on the isolated broker waits for the heal; what it had acknowledged stays).
     let acked: Acked = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let mut producers = Vec::new();

@@ -1,0 +1,346 @@
+//! The coordinator's driver: feeds `Coordinator` (`coordinator.rs`) what this broker sees and
+//! carries out its decisions (`heads.rs`), and, on every broker, the duties of holding write
+//! heads: asking the vnode's leader to roll a head (full, old, failed, found sealed) and
+//! reporting the append rates of the heads held here.
+//!
+//! A broker that does not lead the vnode decides nothing: it sends what it knows to the leader
+//! (`Service::Cluster` calls, below) and forwards an operator's split or merge there. Roll
+//! requests are carried out at once, not at the next tick, because producers wait on them.
+
+use std::time::Duration;
+
+use malachi_transport::{Request, Service};
+use serde::{Deserialize, Serialize};
+
+use crate::coordinator::{Action, Decision};
+use crate::data::SegmentKey;
+use crate::error::LogError;
+use crate::load::Rate;
+use crate::node::{Broker, VNODE_GROUP_ID};
+
+/// Cluster calls of the coordinator (`Service::Cluster`), by `kind`; after `cluster.rs`'s.
+pub const CALL_ROLL_WANTED: u8 = 4;
+pub const CALL_LOAD_REPORT: u8 = 5;
+pub const CALL_RESHAPE: u8 = 6;
+
+/// A holder asks the leader for a roll of the same range at most this often.
+const ROLL_ASK_MS: u64 = 1_000;
+/// How long a call to the leader may take (a forwarded reshape seals and proposes).
+const LEADER_CALL_MS: u64 = 30_000;
+
+/// What travels in the coordinator's cluster calls (JSON, as the other cluster calls).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum Ask {
+    Roll { topic_id: u64, range_id: u32 },
+    Load { reporter: u64, rates: Vec<(u64, u32, u64, u64)> },
+    Split { topic_id: u64, range_id: u32 },
+    Merge { topic_id: u64, left: u32, right: u32 },
+}
+
+/// The answer to a forwarded reshape: the new ranges, or the wire reason it was refused with.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+enum Reshaped {
+    Ranges(Vec<u32>),
+    Refused { reason: String, retryable: bool },
+}
+
+impl Broker {
+    /// The term this broker leads the vnode in now, after telling the coordinator.
+    fn observe_leadership(&self) -> Option<u64> {
+        let (leader, term) = self.meta.leader();
+        let mut coordinator = self.coordinator.lock().expect("coordinator lock poisoned");
+        coordinator.leadership(leader == Some(self.node_id), term);
+        coordinator.deciding_term()
+    }
+
+    /// One pass of coordination, run on every maintenance tick: the holder's duties, then, on
+    /// the leader, the coordinator's decisions, carried out in turn.
+    pub async fn coordinate_once(&self) {
+        self.roll_by_age().await;
+        self.report_load().await;
+        if self.observe_leadership().is_none() {
+            return;
+        }
+        let now_ms = self.clock.now_ms();
+        let decisions = self.meta.read(|meta| {
+            self.coordinator.lock().expect("coordinator lock poisoned").tick(&meta.0, now_ms)
+        });
+        for decision in decisions {
+            self.carry_out(decision).await;
+        }
+    }
+
+    /// Carries out one decision and tells the coordinator it is done.
+    async fn carry_out(&self, decision: Decision) {
+        let Decision { term, action } = decision;
+        let outcome = self.act(term, &action).await;
+        match &outcome {
+            Ok(ranges) if !ranges.is_empty() => tracing::info!(?action, ?ranges, term, "reshaped"),
+            Ok(_) => tracing::debug!(?action, term, "coordinated"),
+            Err(error) => tracing::warn!(?action, term, %error, "coordinated action failed"),
+        }
+        let now_ms = self.clock.now_ms();
+        self.coordinator.lock().expect("coordinator lock poisoned").finished(&action, now_ms);
+    }
+
+    /// The new ranges of a split or merge (none for the others).
+    async fn act(&self, term: u64, action: &Action) -> Result<Vec<u32>, LogError> {
+        match *action {
+            Action::Roll { topic_id, range_id } => {
+                self.roll_in(term, topic_id, range_id).await.map(|()| Vec::new())
+            }
+            Action::Split { topic_id, range_id } => {
+                self.split_in(term, topic_id, range_id).await.map(Vec::from)
+            }
+            Action::Merge { topic_id, left, right } => {
+                self.merge_in(term, topic_id, [left, right]).await.map(|merged| vec![merged])
+            }
+            Action::Expire { ref segments } => {
+                self.expire_in(term, segments).await?;
+                self.reclaim().await.map(|()| Vec::new())
+            }
+        }
+    }
+
+    /// Asks for a roll of a range whose head this broker holds: carried out here at once when
+    /// this broker leads the vnode, else asked of the leader (at most every `ROLL_ASK_MS`).
+    pub(crate) fn request_roll(&self, topic_id: u64, range_id: u32) {
+        let Some(broker) = self.self_handle() else { return };
+        if let Some(term) = self.observe_leadership() {
+            let decision = self.meta.read(|meta| {
+                let mut coordinator = self.coordinator.lock().expect("coordinator lock poisoned");
+                coordinator.roll_wanted(&meta.0, topic_id, range_id, term)
+            });
+            let Some(decision) = decision else { return };
+            self.rolling.lock().expect("rolling lock poisoned").insert((topic_id, range_id));
+            tokio::spawn(async move {
+                broker.carry_out(decision).await;
+                broker.rolling.lock().expect("rolling lock poisoned").remove(&(topic_id, range_id));
+            });
+            return;
+        }
+        let now_ms = self.clock.now_ms();
+        {
+            let mut asked = self.roll_asked_ms.lock().expect("roll ask lock poisoned");
+            if asked.get(&(topic_id, range_id)).is_some_and(|at| now_ms < at + ROLL_ASK_MS) {
+                return;
+            }
+            asked.insert((topic_id, range_id), now_ms);
+            asked.retain(|_, at| now_ms < *at + ROLL_ASK_MS);
+        }
+        tokio::spawn(async move {
+            if let Err(error) = broker.ask_leader(&Ask::Roll { topic_id, range_id }).await {
+                tracing::debug!(topic_id, range_id, %error, "asking the leader for a roll failed");
+            }
+        });
+    }
+
+    /// Splits a range (an operator's request): carried out by the coordinator, here or on the
+    /// leader. Returns the two halves.
+    pub async fn split(&self, topic: &str, range_id: u32) -> Result<[u32; 2], LogError> {
+        self.see_topic(topic).await;
+        let topic_id = self.topic_id(topic)?;
+        let ranges = self.reshape(Ask::Split { topic_id, range_id }).await?;
+        ranges.try_into().map_err(|_| LogError::Unavailable("a split answered no halves".into()))
+    }
+
+    /// Merges two buddy ranges (an operator's request), as [`Broker::split`].
+    pub async fn merge(&self, topic: &str, left: u32, right: u32) -> Result<u32, LogError> {
+        self.see_topic(topic).await;
+        let topic_id = self.topic_id(topic)?;
+        let ranges = self.reshape(Ask::Merge { topic_id, left, right }).await?;
+        ranges.first().copied().ok_or(LogError::Unavailable("a merge answered no range".into()))
+    }
+
+    async fn reshape(&self, ask: Ask) -> Result<Vec<u32>, LogError> {
+        let Some(term) = self.observe_leadership() else {
+            let answer = self.ask_leader(&ask).await?;
+            return match decode::<Reshaped>(&answer)? {
+                Reshaped::Ranges(ranges) => Ok(ranges),
+                Reshaped::Refused { reason, retryable } => {
+                    Err(LogError::Remote { reason, retryable })
+                }
+            };
+        };
+        let action = match ask {
+            Ask::Split { topic_id, range_id } => Action::Split { topic_id, range_id },
+            Ask::Merge { topic_id, left, right } => Action::Merge { topic_id, left, right },
+            Ask::Roll { .. } | Ask::Load { .. } => unreachable!("only reshapes are asked here"),
+        };
+        self.act_claimed(term, &action).await
+    }
+
+    /// Carries out an action decided outside the coordinator's tick, once its ranges are free.
+    async fn act_claimed(&self, term: u64, action: &Action) -> Result<Vec<u32>, LogError> {
+        if !self.coordinator.lock().expect("coordinator lock poisoned").claim(action) {
+            return Err(LogError::Migrating);
+        }
+        let outcome = self.act(term, action).await;
+        let now_ms = self.clock.now_ms();
+        self.coordinator.lock().expect("coordinator lock poisoned").finished(action, now_ms);
+        outcome
+    }
+
+    /// Rolls a range's head now (an operator's or a test's request): here when this broker
+    /// leads the vnode, else asked of the leader, which rolls it shortly.
+    pub async fn roll(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
+        match self.observe_leadership() {
+            Some(term) => {
+                self.act_claimed(term, &Action::Roll { topic_id, range_id }).await.map(drop)
+            }
+            None => self.ask_leader(&Ask::Roll { topic_id, range_id }).await.map(drop),
+        }
+    }
+
+    /// Requests a roll of every head held here that is older than its topic's age threshold
+    /// and holds at least one record.
+    async fn roll_by_age(&self) {
+        let now_ms = self.clock.now_ms();
+        let heads: Vec<SegmentKey> = self.meta.read(|meta| {
+            meta.0
+                .topics()
+                .flat_map(|topic| {
+                    topic.active_ranges().filter_map(move |range| {
+                        range.active_segment_id().map(|segment_id| SegmentKey {
+                            topic_id: topic.topic_id,
+                            range_id: range.range_id,
+                            segment_id,
+                        })
+                    })
+                })
+                .collect()
+        });
+        for key in heads {
+            if self.holder_elsewhere(key).is_some() {
+                continue;
+            }
+            // Known without I/O when open or closed cleanly; otherwise opened once.
+            let (durable_offset, durable_bytes) = match self.data.durable_end(key) {
+                Some(end) => end,
+                None => match self.segment(key).await {
+                    Ok(segment) => {
+                        let status = segment.status();
+                        (status.durable_offset, status.durable_bytes)
+                    }
+                    Err(_) => continue,
+                },
+            };
+            if durable_offset == 0 {
+                continue;
+            }
+            let due = self.meta.read(|meta| {
+                let defaults = self.roll_defaults();
+                meta.0.roll_due(key.topic_id, key.range_id, durable_bytes, now_ms, &defaults)
+            });
+            if due {
+                self.request_roll(key.topic_id, key.range_id);
+            }
+        }
+    }
+
+    /// Reports the rates of the ranges written here to the coordinator, and forgets ranges
+    /// that no longer take writes.
+    async fn report_load(&self) {
+        let now_ms = self.clock.now_ms();
+        let rates: Vec<((u64, u32), Rate)> = {
+            let mut load = self.load.lock().expect("load lock poisoned");
+            load.retain(|topic_id, range_id| {
+                self.meta.read(|meta| {
+                    meta.0
+                        .topic(topic_id)
+                        .and_then(|topic| topic.ranges.get(&range_id))
+                        .is_some_and(|range| range.is_active())
+                })
+            });
+            load.ranges().map(|range| (range, load.rate(range.0, range.1, now_ms))).collect()
+        };
+        if self.observe_leadership().is_some() {
+            let mut coordinator = self.coordinator.lock().expect("coordinator lock poisoned");
+            coordinator.load_report(self.node_id, &rates, now_ms);
+            return;
+        }
+        if rates.is_empty() {
+            return;
+        }
+        let rates = rates
+            .into_iter()
+            .map(|((topic_id, range_id), rate)| {
+                (topic_id, range_id, rate.records_per_s, rate.bytes_per_s)
+            })
+            .collect();
+        let ask = Ask::Load { reporter: self.node_id, rates };
+        if let Err(error) = self.ask_leader(&ask).await {
+            tracing::debug!(%error, "reporting load to the vnode's leader failed");
+        }
+    }
+
+    /// Sends `ask` to the vnode's leader.
+    async fn ask_leader(&self, ask: &Ask) -> Result<Vec<u8>, LogError> {
+        let (leader, _) = self.meta.leader();
+        let transport = self.transport();
+        let (Some(leader), Some(transport)) = (leader, transport) else {
+            return Err(LogError::Unavailable("the vnode has no leader now".into()));
+        };
+        let kind = match ask {
+            Ask::Roll { .. } => CALL_ROLL_WANTED,
+            Ask::Load { .. } => CALL_LOAD_REPORT,
+            Ask::Split { .. } | Ask::Merge { .. } => CALL_RESHAPE,
+        };
+        let payload = serde_json::to_vec(ask).expect("asks serialize");
+        let request = Request {
+            service: Service::Cluster,
+            group_id: VNODE_GROUP_ID,
+            kind,
+            source_node_id: self.node_id,
+            payload,
+        };
+        transport
+            .call(leader, request, Duration::from_millis(LEADER_CALL_MS))
+            .await
+            .map_err(|error| LogError::Unavailable(format!("the vnode's leader {leader}: {error}")))
+    }
+
+    /// Answers a coordinator call from another broker.
+    pub(crate) async fn handle_coordination_call(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
+        let ask: Ask = decode(payload).map_err(|error| error.to_string())?;
+        match ask {
+            Ask::Roll { topic_id, range_id } => {
+                self.request_roll(topic_id, range_id);
+                Ok(Vec::new())
+            }
+            Ask::Load { reporter, rates } => {
+                let rates: Vec<((u64, u32), Rate)> = rates
+                    .into_iter()
+                    .map(|(topic_id, range_id, records_per_s, bytes_per_s)| {
+                        ((topic_id, range_id), Rate { records_per_s, bytes_per_s })
+                    })
+                    .collect();
+                if self.observe_leadership().is_some() {
+                    let now_ms = self.clock.now_ms();
+                    let mut coordinator =
+                        self.coordinator.lock().expect("coordinator lock poisoned");
+                    coordinator.load_report(reporter, &rates, now_ms);
+                }
+                Ok(Vec::new())
+            }
+            Ask::Split { .. } | Ask::Merge { .. } => {
+                if self.observe_leadership().is_none() {
+                    return Err("this broker does not lead the vnode".into());
+                }
+                let answer = match self.reshape(ask).await {
+                    Ok(ranges) => Reshaped::Ranges(ranges),
+                    Err(error) => Reshaped::Refused {
+                        reason: error.reason(),
+                        retryable: error.is_retryable(),
+                    },
+                };
+                Ok(serde_json::to_vec(&answer).expect("answers serialize"))
+            }
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, LogError> {
+    serde_json::from_slice(payload)
+        .map_err(|error| LogError::Unavailable(format!("malformed coordinator call: {error}")))
+}

@@ -1,0 +1,336 @@
+//! The moves of write heads, behind the seal-first fence: roll, split, merge, and the expiry of
+//! sealed segments. The coordinator (`coordinator.rs`) decides them on the vnode's leader; this
+//! is how they are carried out, each in the term it was decided in.
+//!
+//! Every move follows one order: seal the head in the data plane, on the broker holding it (the
+//! fence: the store refuses appends from then on, also after a restart), then record the
+//! reported end in metadata (proposed on this node, in the decision's term, never forwarded),
+//! then create the files of the new segments on the brokers placement chose. A crash between
+//! two steps leaves a sealed head that metadata still calls active; the next produce to it finds
+//! the fence and asks for a roll, which completes the step.
+
+use std::sync::Arc;
+
+use malachi_meta::placement::{self, Candidate, Constraints};
+use malachi_meta::{
+    MergeRanges, MetaCommand, MetaError, MetaResponse, RangeError, RollSegment, SealReport,
+    SegmentRef, SplitRange,
+};
+
+use crate::data::SegmentKey;
+use crate::error::LogError;
+use crate::gossip::PeerStatus;
+use crate::node::Broker;
+use crate::remote::Remote;
+use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
+use crate::topics::map_meta_error;
+
+impl Broker {
+    /// Proposes a coordinator's command in the term it was decided in, on this node only. The
+    /// deposed-coordinator canary forwards it instead, as a coordinator without the fence would.
+    pub(crate) async fn propose_in_term(
+        &self,
+        term: u64,
+        command: MetaCommand,
+    ) -> Result<MetaResponse, LogError> {
+        let outcome = if self.canaries.coordinate_deposed {
+            self.meta.propose(command).await
+        } else {
+            self.meta.propose_as_leader(command, term).await
+        };
+        outcome?.map_err(map_meta_error)
+    }
+
+    /// Rolls a range's head: seal it where it is held, record the end, open the next one.
+    pub(crate) async fn roll_in(
+        &self,
+        term: u64,
+        topic_id: u64,
+        range_id: u32,
+    ) -> Result<(), LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let seal = self.fence(topic_id, range_id).await?;
+        self.record_roll(term, topic_id, range_id, seal).await
+    }
+
+    async fn record_roll(
+        &self,
+        term: u64,
+        topic_id: u64,
+        range_id: u32,
+        seal: SealReport,
+    ) -> Result<(), LogError> {
+        let now_ms = self.clock.now_ms();
+        let command = MetaCommand::RollSegment(RollSegment {
+            topic_id,
+            range_id,
+            seal,
+            now_ms,
+            replicas: self.segment_replicas(&placement_object(topic_id, range_id, now_ms)),
+        });
+        let response = self.propose_in_term(term, command).await;
+        match response {
+            Ok(MetaResponse::SegmentRolled { segment_id, .. }) => {
+                self.create_placed(&[SegmentKey { topic_id, range_id, segment_id }]).await;
+                Ok(())
+            }
+            // A roll asked twice (a replayed request): the head moved already.
+            Err(LogError::Meta(MetaError::Range(RangeError::AlreadySealed { .. }))) => Ok(()),
+            Ok(other) => unreachable!("roll answered {other:?}"),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Splits a range at its midpoint behind the seal-first fence. Returns the children.
+    pub(crate) async fn split_in(
+        &self,
+        term: u64,
+        topic_id: u64,
+        range_id: u32,
+    ) -> Result<[u32; 2], LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let seal = if self.canaries.skip_split_fence {
+            self.canary_unfenced_end(topic_id, range_id).await?
+        } else {
+            self.fence(topic_id, range_id).await?
+        };
+        let now_ms = self.clock.now_ms();
+        let child = |child: u8| {
+            let mut object = placement_object(topic_id, range_id, now_ms);
+            object.push(child);
+            self.segment_replicas(&object)
+        };
+        let command = MetaCommand::SplitRange(SplitRange {
+            topic_id,
+            range_id,
+            seal: Some(seal),
+            now_ms,
+            child_replicas: [child(0), child(1)],
+            quota: self.config.quota(),
+        });
+        match self.propose_in_term(term, command).await {
+            Ok(MetaResponse::RangeSplit { children, child_segment_ids, .. }) => {
+                let keys: Vec<SegmentKey> = children
+                    .into_iter()
+                    .zip(child_segment_ids)
+                    .map(|(range_id, segment_id)| SegmentKey { topic_id, range_id, segment_id })
+                    .collect();
+                self.create_placed(&keys).await;
+                Ok(children)
+            }
+            Ok(other) => unreachable!("split answered {other:?}"),
+            Err(refused) => {
+                // The head is fenced but the split was refused (a limit): roll, so the range
+                // keeps taking writes, and report the refusal.
+                self.record_roll(term, topic_id, range_id, seal).await?;
+                Err(refused)
+            }
+        }
+    }
+
+    /// Merges two active buddy ranges behind the seal-first fence of both. Returns the new
+    /// range.
+    pub(crate) async fn merge_in(
+        &self,
+        term: u64,
+        topic_id: u64,
+        [left, right]: [u32; 2],
+    ) -> Result<u32, LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        self.check_buddies(topic_id, left, right)?;
+        let left_seal = self.fence(topic_id, left).await?;
+        let right_seal = match self.fence(topic_id, right).await {
+            Ok(seal) => seal,
+            Err(error) => {
+                self.record_roll(term, topic_id, left, left_seal).await?;
+                return Err(error);
+            }
+        };
+        let now_ms = self.clock.now_ms();
+        let command = MetaCommand::MergeRanges(MergeRanges {
+            topic_id,
+            range_ids: [left, right],
+            seals: [Some(left_seal), Some(right_seal)],
+            now_ms,
+            replicas: self.segment_replicas(&placement_object(topic_id, left, now_ms)),
+        });
+        match self.propose_in_term(term, command).await {
+            Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
+                self.create_placed(&[SegmentKey { topic_id, range_id, segment_id }]).await;
+                Ok(range_id)
+            }
+            Ok(other) => unreachable!("merge answered {other:?}"),
+            Err(refused) => {
+                self.record_roll(term, topic_id, left, left_seal).await?;
+                self.record_roll(term, topic_id, right, right_seal).await?;
+                Err(refused)
+            }
+        }
+    }
+
+    /// Expires `segments` in metadata (a bounded chunk per command); returns the records
+    /// removed. Every broker deletes its own files afterwards (`reclaim`).
+    pub(crate) async fn expire_in(
+        &self,
+        term: u64,
+        segments: &[SegmentRef],
+    ) -> Result<u64, LogError> {
+        let _reshape = self.reshape_lock.lock().await;
+        let mut expired_records = 0;
+        for chunk in segments.chunks(SEGMENT_IDS_PER_COMMAND_MAX) {
+            let command = MetaCommand::ExpireSegments { segments: chunk.to_vec() };
+            let MetaResponse::SegmentsExpired { expired_records: count, .. } =
+                self.propose_in_term(term, command).await?
+            else {
+                unreachable!("expire answers SegmentsExpired");
+            };
+            expired_records += count;
+        }
+        Ok(expired_records)
+    }
+
+    /// Seals a range's head where it is held and returns the report metadata records.
+    async fn fence(&self, topic_id: u64, range_id: u32) -> Result<SealReport, LogError> {
+        let segment_id = self.head_segment(topic_id, range_id)?;
+        let key = SegmentKey { topic_id, range_id, segment_id };
+        match self.holder_elsewhere(key) {
+            None => self.seal_here(key).await,
+            Some(holder) => match self.remote_seal(holder, key).await? {
+                Remote::Done(seal) => Ok(seal),
+                Remote::FencedOrGone => Err(LogError::Migrating),
+            },
+        }
+    }
+
+    /// Seals `key`, held here. A failed seal poisons the head: the handle is forgotten, so
+    /// the next use recovers the file from what is on the disk and the fence can be tried again.
+    pub(crate) async fn seal_here(&self, key: SegmentKey) -> Result<SealReport, LogError> {
+        let segment = self.segment(key).await?;
+        let info = self.data.seal(Arc::clone(&segment)).await.map_err(|error| {
+            tracing::error!(?key, %error, "sealing a write head failed on storage");
+            self.data.evict_poisoned(key, &segment);
+            LogError::Storage {
+                reason: "unfenced",
+                detail: format!(
+                    "the write head of range {} could not be sealed: {error}",
+                    key.range_id
+                ),
+            }
+        })?;
+        Ok(SealReport {
+            segment_id: key.segment_id,
+            end_offset: info.end_offset,
+            data_bytes: info.data_bytes,
+        })
+    }
+
+    /// The active segment of a range: `no_such_range` for a range the topic never had,
+    /// `range_sealed` for one that split or merged.
+    fn head_segment(&self, topic_id: u64, range_id: u32) -> Result<u64, LogError> {
+        self.meta.read(|meta| {
+            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+            let range = topic
+                .ranges
+                .get(&range_id)
+                .ok_or(LogError::Meta(MetaError::Range(RangeError::NoSuchRange { range_id })))?;
+            range
+                .active_segment_id()
+                .ok_or(LogError::Meta(MetaError::Range(RangeError::RangeSealed { range_id })))
+        })
+    }
+
+    /// The skip-split-fence canary's "seal": the head's durable end now, with the head left
+    /// open for the appends already routed to it.
+    async fn canary_unfenced_end(
+        &self,
+        topic_id: u64,
+        range_id: u32,
+    ) -> Result<SealReport, LogError> {
+        let segment_id = self.head_segment(topic_id, range_id)?;
+        let status = self.segment(SegmentKey { topic_id, range_id, segment_id }).await?.status();
+        Ok(SealReport {
+            segment_id,
+            end_offset: status.durable_offset,
+            data_bytes: status.durable_bytes,
+        })
+    }
+
+    /// Refuses a merge of non-buddies before fencing anything.
+    pub(crate) fn check_buddies(
+        &self,
+        topic_id: u64,
+        left: u32,
+        right: u32,
+    ) -> Result<(), LogError> {
+        self.meta.read(|meta| {
+            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+            let extent = |range_id: u32| {
+                let range = topic.ranges.get(&range_id).ok_or(LogError::Meta(MetaError::Range(
+                    RangeError::NoSuchRange { range_id },
+                )))?;
+                if !range.is_active() {
+                    return Err(LogError::Meta(MetaError::Range(RangeError::RangeSealed {
+                        range_id,
+                    })));
+                }
+                Ok(range.extent)
+            };
+            let (low, high) = (extent(left)?, extent(right)?);
+            if low.buddy() == Some(high) {
+                Ok(())
+            } else {
+                Err(LogError::Meta(MetaError::Range(RangeError::NotBuddies {
+                    first: left,
+                    second: right,
+                })))
+            }
+        })
+    }
+
+    /// The replicas of a segment about to be created, for `object` (what the command creates:
+    /// a topic's name, a range and a time): rendezvous hashing over the brokers membership
+    /// holds alive (this one alone: itself). One replica each until segments are replicated.
+    pub(crate) fn segment_replicas(&self, object: &[u8]) -> Vec<u64> {
+        let mut live: Vec<Candidate> = self
+            .cluster_view()
+            .brokers
+            .into_iter()
+            .filter(|broker| broker.status == PeerStatus::Alive)
+            .map(|broker| Candidate {
+                broker_id: broker.record.node_id,
+                attributes: broker.record.attributes,
+            })
+            .collect();
+        if live.is_empty() {
+            // Not registered yet (a broker's first boot): it is the one live broker it knows.
+            live.push(Candidate {
+                broker_id: self.node_id,
+                attributes: self.config.attributes.clone(),
+            });
+        }
+        placement::place(object, 1, &live, &[], &Constraints::default())
+            .expect("one replica among live brokers always places")
+            .brokers
+    }
+
+    /// Creates the files of newly allocated segments on the brokers holding them. A broker
+    /// that cannot be reached is not waited for: it creates the file when the segment is first
+    /// used there, as metadata lists it (`Listed::ActiveUnborn`).
+    pub(crate) async fn create_placed(&self, keys: &[SegmentKey]) {
+        for &key in keys {
+            let created = match self.holder_elsewhere(key) {
+                None => self.create_segments(&[key]).await,
+                Some(holder) => self.remote_create(holder, key).await,
+            };
+            if let Err(error) = created {
+                tracing::warn!(?key, %error, "creating a new segment's file failed; it is \
+                    created when first used");
+            }
+        }
+    }
+}
+
+/// What placement hashes for a segment a range gets at `now_ms`.
+pub(crate) fn placement_object(topic_id: u64, range_id: u32, now_ms: u64) -> Vec<u8> {
+    [&topic_id.to_le_bytes()[..], &range_id.to_le_bytes(), &now_ms.to_le_bytes()].concat()
+}
