@@ -11,8 +11,10 @@
 //! address book promised, is refused with a reason, never served.
 //!
 //! This crate decides nothing: the receiving broker's [`Handler`] does. It implements
-//! `malachi_consensus::GroupTransport`, so Raft groups send through it without knowing TCP; the
-//! simulator has its own transport beside it.
+//! `malachi_consensus::GroupTransport`, so Raft groups send through it without knowing TCP.
+//! Connections come from a [`Dialer`] and are served from any byte stream
+//! ([`Transport::serve_stream`]): real TCP for a broker, the simulator's pipes for its nodes, so
+//! the simulator runs this very code.
 
 pub mod frame;
 
@@ -24,8 +26,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use malachi_consensus::{GroupTransport, RaftMessage, TransportError, TransportFuture};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -40,6 +41,33 @@ const REASON_BYTES_MAX: usize = 1024;
 
 /// The future a handler returns: the answer's payload, or why the call failed.
 pub type HandlerFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>>;
+
+/// One direction of a connection.
+pub type StreamRead = Box<dyn AsyncRead + Send + Unpin>;
+pub type StreamWrite = Box<dyn AsyncWrite + Send + Unpin>;
+/// What a dial comes to: the two directions of a new connection.
+pub type DialFuture =
+    Pin<Box<dyn Future<Output = std::io::Result<(StreamRead, StreamWrite)>> + Send>>;
+
+/// Opens connections to peers' inter-node addresses.
+pub trait Dialer: Send + Sync + 'static {
+    fn dial(&self, address: &str) -> DialFuture;
+}
+
+/// Real TCP, with Nagle off (calls are small and latency-bound).
+pub struct TcpDialer;
+
+impl Dialer for TcpDialer {
+    fn dial(&self, address: &str) -> DialFuture {
+        let address = address.to_string();
+        Box::pin(async move {
+            let stream = TcpStream::connect(&address).await?;
+            let _ = stream.set_nodelay(true);
+            let (read, write) = stream.into_split();
+            Ok((Box::new(read) as StreamRead, Box::new(write) as StreamWrite))
+        })
+    }
+}
 
 /// The receiving broker's side: answers the calls peers make.
 pub trait Handler: Send + Sync + 'static {
@@ -82,6 +110,7 @@ struct Inner {
     links: Mutex<BTreeMap<u64, LinkSlot>>,
     handler: RwLock<Option<Arc<dyn Handler>>>,
     next_call_id: AtomicU64,
+    dialer: Arc<dyn Dialer>,
 }
 
 /// A peer's link, if open; the async lock makes concurrent first calls share one connect.
@@ -97,8 +126,13 @@ struct Link {
 }
 
 impl Transport {
-    /// `cluster_id` is empty for a node that has not joined yet.
+    /// `cluster_id` is empty for a node that has not joined yet. Dials over TCP.
     pub fn new(node_id: u64, cluster_id: &str) -> Transport {
+        Transport::with_dialer(node_id, cluster_id, Arc::new(TcpDialer))
+    }
+
+    /// A transport whose connections `dialer` opens (the simulator's network).
+    pub fn with_dialer(node_id: u64, cluster_id: &str, dialer: Arc<dyn Dialer>) -> Transport {
         assert!(cluster_id.len() <= frame::CLUSTER_ID_BYTES_MAX, "cluster id too long");
         Transport {
             inner: Arc::new(Inner {
@@ -108,6 +142,7 @@ impl Transport {
                 links: Mutex::new(BTreeMap::new()),
                 handler: RwLock::new(None),
                 next_call_id: AtomicU64::new(1),
+                dialer,
             }),
         }
     }
@@ -229,19 +264,22 @@ impl Transport {
     ) -> Result<(Hello, Arc<Link>), CallError> {
         let timeout = Duration::from_millis(CONNECT_TIMEOUT_MS);
         let connect = async {
-            let mut stream = TcpStream::connect(address)
+            let (mut read, mut write) = self
+                .inner
+                .dialer
+                .dial(address)
                 .await
                 .map_err(|error| unreachable(address, error.to_string()))?;
-            let _ = stream.set_nodelay(true);
             let hello = Hello { node_id: self.inner.node_id, cluster_id: self.cluster_id() };
-            stream
+            write
                 .write_all(&frame::encode_hello(&hello))
                 .await
                 .map_err(|error| unreachable(address, error.to_string()))?;
-            let peer = read_hello_answer(&mut stream, address).await?;
-            Ok::<_, CallError>((stream, peer))
+            write.flush().await.map_err(|error| unreachable(address, error.to_string()))?;
+            let peer = read_hello_answer(&mut read, address).await?;
+            Ok::<_, CallError>((read, write, peer))
         };
-        let (stream, peer) = tokio::time::timeout(timeout, connect)
+        let (read, write, peer) = tokio::time::timeout(timeout, connect)
             .await
             .map_err(|_| unreachable(address, "connect timed out"))??;
         let ours = self.cluster_id();
@@ -260,7 +298,6 @@ impl Transport {
                 reason: format!("it is node {}, not node {expected}", peer.node_id),
             });
         }
-        let (read, write) = stream.into_split();
         let (writer, queue) = mpsc::channel(WRITE_QUEUE_FRAMES);
         let link = Arc::new(Link {
             writer,
@@ -277,9 +314,13 @@ impl Transport {
         loop {
             match listener.accept().await {
                 Ok((stream, from)) => {
+                    let _ = stream.set_nodelay(true);
+                    let (read, write) = stream.into_split();
                     let transport = self.clone();
                     tokio::spawn(async move {
-                        if let Err(error) = transport.serve_connection(stream).await {
+                        if let Err(error) =
+                            transport.serve_stream(Box::new(read), Box::new(write)).await
+                        {
                             tracing::debug!(%from, %error, "inter-node connection ended");
                         }
                     });
@@ -292,15 +333,18 @@ impl Transport {
         }
     }
 
-    async fn serve_connection(&self, mut stream: TcpStream) -> Result<(), String> {
-        let _ = stream.set_nodelay(true);
-        let hello = tokio::time::timeout(
-            Duration::from_millis(CONNECT_TIMEOUT_MS),
-            read_hello(&mut stream),
-        )
-        .await
-        .map_err(|_| "no hello in time".to_string())?
-        .map_err(|error| error.to_string())?;
+    /// Serves one peer's connection, accepted by whatever listens (a TCP listener, the
+    /// simulator's network), until it ends.
+    pub async fn serve_stream(
+        &self,
+        mut read: StreamRead,
+        mut write: StreamWrite,
+    ) -> Result<(), String> {
+        let hello =
+            tokio::time::timeout(Duration::from_millis(CONNECT_TIMEOUT_MS), read_hello(&mut read))
+                .await
+                .map_err(|_| "no hello in time".to_string())?
+                .map_err(|error| error.to_string())?;
         let ours = self.cluster_id();
         let refusal = if ours.is_empty() {
             Some("this broker has not joined a cluster yet".to_string())
@@ -317,7 +361,8 @@ impl Transport {
             let reason = &reason.as_bytes()[..reason.len().min(REASON_BYTES_MAX)];
             answer.extend_from_slice(&(reason.len() as u16).to_le_bytes());
             answer.extend_from_slice(reason);
-            let _ = stream.write_all(&answer).await;
+            let _ = write.write_all(&answer).await;
+            let _ = write.flush().await;
             return Err(format!(
                 "refused node {}: {}",
                 hello.node_id,
@@ -329,8 +374,8 @@ impl Transport {
             node_id: self.inner.node_id,
             cluster_id: ours,
         }));
-        stream.write_all(&answer).await.map_err(|error| error.to_string())?;
-        let (mut read, write) = stream.into_split();
+        write.write_all(&answer).await.map_err(|error| error.to_string())?;
+        write.flush().await.map_err(|error| error.to_string())?;
         let (writer, queue) = mpsc::channel(WRITE_QUEUE_FRAMES);
         tokio::spawn(write_frames(write, queue));
         loop {
@@ -387,7 +432,7 @@ fn lost(node: impl std::fmt::Display, detail: impl Into<String>) -> CallError {
     CallError::Lost { node: node.to_string(), detail: detail.into() }
 }
 
-async fn read_hello(stream: &mut TcpStream) -> Result<Hello, FrameError> {
+async fn read_hello(stream: &mut (impl AsyncRead + Unpin)) -> Result<Hello, FrameError> {
     let mut fixed = [0u8; frame::HELLO_FIXED_BYTES];
     stream.read_exact(&mut fixed).await.map_err(|_| FrameError::Truncated("hello"))?;
     let (node_id, id_len) = frame::decode_hello_fixed(&fixed)?;
@@ -396,7 +441,10 @@ async fn read_hello(stream: &mut TcpStream) -> Result<Hello, FrameError> {
     Ok(Hello { node_id, cluster_id: frame::decode_text(id)? })
 }
 
-async fn read_hello_answer(stream: &mut TcpStream, address: &str) -> Result<Hello, CallError> {
+async fn read_hello_answer(
+    stream: &mut (impl AsyncRead + Unpin),
+    address: &str,
+) -> Result<Hello, CallError> {
     let broken = |error: String| unreachable(address, error);
     let status = stream.read_u8().await.map_err(|error| broken(error.to_string()))?;
     if status == 0 {
@@ -411,7 +459,7 @@ async fn read_hello_answer(stream: &mut TcpStream, address: &str) -> Result<Hell
     })
 }
 
-async fn read_frame(read: &mut OwnedReadHalf) -> Result<Frame, FrameError> {
+async fn read_frame(read: &mut StreamRead) -> Result<Frame, FrameError> {
     let mut prefix = [0u8; 4];
     read.read_exact(&mut prefix).await.map_err(|_| FrameError::Truncated("frame length"))?;
     let len = frame::frame_body_len(prefix)?;
@@ -421,7 +469,7 @@ async fn read_frame(read: &mut OwnedReadHalf) -> Result<Frame, FrameError> {
 }
 
 /// Writes queued frames, flushing when the queue runs dry, so a burst goes out in few writes.
-async fn write_frames(write: OwnedWriteHalf, mut queue: mpsc::Receiver<Vec<u8>>) {
+async fn write_frames(write: StreamWrite, mut queue: mpsc::Receiver<Vec<u8>>) {
     let mut write = BufWriter::new(write);
     while let Some(bytes) = queue.recv().await {
         if write.write_all(&bytes).await.is_err() {
@@ -440,7 +488,7 @@ async fn write_frames(write: OwnedWriteHalf, mut queue: mpsc::Receiver<Vec<u8>>)
 
 /// Hands answers to their callers until the connection breaks, then fails every call waiting
 /// on it.
-async fn read_answers(mut read: OwnedReadHalf, link: Arc<Link>, address: String) {
+async fn read_answers(mut read: StreamRead, link: Arc<Link>, address: String) {
     let error = loop {
         let frame = match read_frame(&mut read).await {
             Ok(frame) => frame,
