@@ -26,13 +26,17 @@ use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
 use crate::topics::map_meta_error;
 
 impl Broker {
-    /// Proposes a coordinator's command in the term it was decided in, on this node only. The
-    /// deposed-coordinator canary forwards it instead, as a coordinator without the fence would.
+    /// Proposes a coordinator's command in the term it was decided in, on this node only, and
+    /// wrapped with that term, so the metadata machine refuses it should it ever land after a
+    /// later coordinator's (`MetaError::StaleCoordinator`). The deposed-coordinator canary
+    /// forwards it instead, as a coordinator without the fence would.
     pub(crate) async fn propose_in_term(
         &self,
         term: u64,
         command: MetaCommand,
     ) -> Result<MetaResponse, LogError> {
+        debug_assert!(command.is_coordinators(), "only the coordinator's commands: {command:?}");
+        let command = MetaCommand::Coordinated { term, command: Box::new(command) };
         let outcome = if self.canaries.coordinate_deposed {
             self.meta.propose(command).await
         } else {

@@ -71,6 +71,26 @@ pub enum MetaCommand {
     ClaimArc {
         arc: crate::ring::VnodeArc,
     },
+    /// A command the vnode's coordinator decided (roll, split, merge, expiry), with the term it
+    /// was decided in: refused when a coordinator already acted in a later term (see
+    /// `MetaError::StaleCoordinator`).
+    Coordinated {
+        term: u64,
+        command: Box<MetaCommand>,
+    },
+}
+
+impl MetaCommand {
+    /// Whether the coordinator decides this command (and so must wrap it).
+    pub fn is_coordinators(&self) -> bool {
+        matches!(
+            self,
+            MetaCommand::RollSegment(_)
+                | MetaCommand::SplitRange(_)
+                | MetaCommand::MergeRanges(_)
+                | MetaCommand::ExpireSegments { .. }
+        )
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

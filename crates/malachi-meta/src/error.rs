@@ -19,6 +19,14 @@ pub enum MetaError {
     Policy(#[from] PolicyError),
     #[error(transparent)]
     Retention(#[from] RetentionError),
+    /// Ours: a coordinator's command decided in a term older than one a coordinator already
+    /// acted in. The fence refuses it; a correct coordinator never sends one (its commands
+    /// enter the log in the term they were decided in, and the log's terms only grow).
+    #[error("a coordinator command of term {term}, after one of term {latest}")]
+    StaleCoordinator { term: u64, latest: u64 },
+    /// Ours: only a coordinator's commands may be wrapped, once.
+    #[error("not a coordinator's command")]
+    NotCoordinated,
 }
 
 impl MetaError {
@@ -29,6 +37,8 @@ impl MetaError {
             MetaError::Group(error) => error.reason(),
             MetaError::Policy(error) => error.reason(),
             MetaError::Retention(error) => error.reason(),
+            MetaError::StaleCoordinator { .. } => "stale_coordinator".into(),
+            MetaError::NotCoordinated => "not_coordinated".into(),
         }
     }
 }

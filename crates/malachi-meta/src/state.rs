@@ -37,6 +37,13 @@ pub struct MetaState {
     /// before the ring: it holds every name, as vnode 1 of a ring of one.
     #[serde(default)]
     pub(crate) arc: Option<VnodeArc>,
+    /// The latest term a coordinator acted in (`MetaCommand::Coordinated`).
+    #[serde(default)]
+    pub(crate) coordinator_term: u64,
+    /// Coordinator commands refused as stale: a broken fence somewhere, counted so that the
+    /// simulator can tell (every replica counts the same).
+    #[serde(default)]
+    pub(crate) stale_coordinator_commands: u64,
 }
 
 impl Default for MetaState {
@@ -58,12 +65,28 @@ impl MetaState {
             policies: BTreeMap::new(),
             pending_reclaim: BTreeMap::new(),
             arc: None,
+            coordinator_term: 0,
+            stale_coordinator_commands: 0,
         }
     }
 
     /// Applies one command. `Ok` bumps the version; `Err` leaves the state untouched.
     pub fn apply(&mut self, command: MetaCommand) -> Result<MetaResponse, MetaError> {
-        let result = match command {
+        let result = self.apply_inner(command);
+        if result.is_ok() {
+            self.version += 1;
+        }
+        // The touched topic is asserted in every build by its handler; this crate's own tests
+        // also check the whole state after every command.
+        #[cfg(test)]
+        if let Err(violation) = self.check_invariants() {
+            panic!("metadata invariant broken after a command: {violation}");
+        }
+        result
+    }
+
+    fn apply_inner(&mut self, command: MetaCommand) -> Result<MetaResponse, MetaError> {
+        match command {
             MetaCommand::CreateTopic(create) => self.create_topic(create),
             MetaCommand::DeleteTopic { name } => self.delete_topic(&name),
             MetaCommand::SplitRange(split) => self.split_range(split),
@@ -84,17 +107,8 @@ impl MetaState {
                 self.segment_files_created(node_id, &segment_ids)
             }
             MetaCommand::ClaimArc { arc } => self.claim_arc(arc),
-        };
-        if result.is_ok() {
-            self.version += 1;
+            MetaCommand::Coordinated { term, command } => self.coordinated(term, *command),
         }
-        // The touched topic is asserted in every build by its handler; this crate's own tests
-        // also check the whole state after every command.
-        #[cfg(test)]
-        if let Err(violation) = self.check_invariants() {
-            panic!("metadata invariant broken after a command: {violation}");
-        }
-        result
     }
 
     /// A stable hash of the canonical serialized state: xxh3-64 over its JSON, which is
@@ -140,6 +154,30 @@ impl MetaState {
     /// Active ranges over all topics.
     pub fn active_ranges_total(&self) -> u64 {
         self.topics.values().map(|topic| u64::from(topic.active_range_count())).sum()
+    }
+
+    /// Coordinator commands refused as stale so far (0 while every fence holds).
+    pub fn stale_coordinator_commands(&self) -> u64 {
+        self.stale_coordinator_commands
+    }
+
+    /// The fence of coordinator terms: a command decided in a term older than the latest one
+    /// a coordinator acted in is refused (and counted); otherwise it is applied, and its term
+    /// becomes the latest. The count changes the state even for a refusal, on purpose: it is a
+    /// fact about the log that every replica agrees on.
+    fn coordinated(&mut self, term: u64, command: MetaCommand) -> Result<MetaResponse, MetaError> {
+        if !command.is_coordinators() {
+            return Err(MetaError::NotCoordinated);
+        }
+        if term < self.coordinator_term {
+            self.stale_coordinator_commands += 1;
+            return Err(MetaError::StaleCoordinator { term, latest: self.coordinator_term });
+        }
+        let applied = self.apply_inner(command);
+        if applied.is_ok() {
+            self.coordinator_term = term;
+        }
+        applied
     }
 
     /// The arc of the ring this vnode holds (`None`: every name, from before the ring).

@@ -1,14 +1,17 @@
-//! The simulated network between clients and nodes: byte pipes whose chunks arrive after a
-//! seeded delay, in order within a connection (as TCP), in any order across connections.
+//! The simulated network between clients and nodes, and between nodes (their inter-node ports):
+//! byte pipes whose chunks arrive after a seeded delay, in order within a connection (as TCP),
+//! in any order across connections.
 //!
 //! A connection is two pipes. A writer never blocks: its chunk is queued for delivery at
 //! `now + delay` (never before the pipe's previous chunk), and [`SimNet::deliver`], called by
 //! the world once per tick, moves due chunks into the reader's buffer and wakes it. Faults: a
 //! write may sever its connection (both directions fail, queued chunks are lost, as a reset),
-//! and a crashed node's connections are all severed. Nothing here reads a clock or a thread
-//! RNG; time is the tick the world hands to `deliver`.
+//! and a crashed node's connections are all severed. A partition holds chunks back (TCP
+//! retransmits what a partition drops, so bytes arrive late, or their reader gives up): between
+//! the clients and every node, or from one node to another, one way or both. Nothing here reads
+//! a clock or a thread RNG; time is the tick the world hands to `deliver`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
@@ -51,11 +54,27 @@ struct NetState {
     pipes: BTreeMap<u64, Pipe>,
     /// `(deliver_at_ms, seq)` to `(pipe, chunk)`: the seq keeps equal times in send order.
     in_flight: BTreeMap<(u64, u64), (u64, Chunk)>,
-    listeners: BTreeMap<u64, UnboundedSender<Accepted>>,
+    listeners: BTreeMap<(u64, Port), UnboundedSender<Accepted>>,
     resets: u64,
+    /// `(from, to)` node pairs whose chunks are held: a partition between nodes, one way.
+    cuts: BTreeSet<(u64, u64)>,
     /// A partition between the clients and the nodes: nothing is delivered before this time
     /// (TCP retransmits what a partition drops, so the bytes arrive late, or the client gives up).
     partitioned_until_ms: u64,
+}
+
+/// Which of a node's ports a connection reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Port {
+    Client,
+    Cluster,
+}
+
+/// One end of a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Client,
+    Node(u64),
 }
 
 enum Chunk {
@@ -64,7 +83,9 @@ enum Chunk {
 }
 
 struct Pipe {
-    node_id: u64,
+    /// Who writes into the pipe, and who reads it.
+    from: End,
+    to: End,
     /// The pipe of the other direction of the same connection.
     partner: u64,
     buffer: BytesMut,
@@ -87,6 +108,7 @@ impl SimNet {
             in_flight: BTreeMap::new(),
             listeners: BTreeMap::new(),
             resets: 0,
+            cuts: BTreeSet::new(),
             partitioned_until_ms: 0,
         };
         SimNet { state: Arc::new(Mutex::new(state)) }
@@ -110,19 +132,34 @@ impl SimNet {
         self.lock().resets
     }
 
-    /// Node `node_id` accepts connections on `listener` from now on.
+    /// Node `node_id` accepts client connections on `listener` from now on.
     pub fn listen(&self, node_id: u64, listener: UnboundedSender<Accepted>) {
-        self.lock().listeners.insert(node_id, listener);
+        self.listen_on(node_id, Port::Client, listener);
     }
 
-    /// Node `node_id` died: it accepts nothing, and every connection to it is reset.
+    /// Node `node_id` accepts connections to `port` on `listener` from now on.
+    pub fn listen_on(&self, node_id: u64, port: Port, listener: UnboundedSender<Accepted>) {
+        self.lock().listeners.insert((node_id, port), listener);
+    }
+
+    /// Holds every chunk from node `from` to node `to` until [`SimNet::heal_cuts`].
+    pub fn cut(&self, from: u64, to: u64) {
+        self.lock().cuts.insert((from, to));
+    }
+
+    /// Lifts every partition between nodes: what they held is delivered.
+    pub fn heal_cuts(&self) {
+        self.lock().cuts.clear();
+    }
+
+    /// Node `node_id` died: it accepts nothing, and every connection to or from it is reset.
     pub fn fail_node(&self, node_id: u64) {
         let mut state = self.lock();
-        state.listeners.remove(&node_id);
+        state.listeners.retain(|(node, _), _| *node != node_id);
         let pipes: Vec<u64> = state
             .pipes
             .iter()
-            .filter(|(_, pipe)| pipe.node_id == node_id && !pipe.reset)
+            .filter(|(_, pipe)| pipe.touches(node_id) && !pipe.reset)
             .map(|(&id, _)| id)
             .collect();
         for pipe in pipes {
@@ -133,20 +170,37 @@ impl SimNet {
     /// Opens a connection from client `client_id` to node `node_id`; the node's accept loop
     /// gets the other end. Refused when the node is down.
     pub fn connect(&self, client_id: u64, node_id: u64) -> io::Result<(PipeReader, PipeWriter)> {
+        self.open(End::Client, node_id, Port::Client, client_address(client_id))
+    }
+
+    /// Opens a connection from node `from` to node `to`'s inter-node port.
+    pub fn connect_nodes(&self, from: u64, to: u64) -> io::Result<(PipeReader, PipeWriter)> {
+        let peer = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 1, 0, from as u8)), 4042);
+        self.open(End::Node(from), to, Port::Cluster, peer)
+    }
+
+    fn open(
+        &self,
+        from: End,
+        node_id: u64,
+        port: Port,
+        peer: SocketAddr,
+    ) -> io::Result<(PipeReader, PipeWriter)> {
         let mut state = self.lock();
-        let Some(listener) = state.listeners.get(&node_id).cloned() else {
+        let Some(listener) = state.listeners.get(&(node_id, port)).cloned() else {
             return Err(io::Error::from(io::ErrorKind::ConnectionRefused));
         };
         let to_server = state.next_pipe;
         let to_client = to_server + 1;
         state.next_pipe += 2;
-        state.pipes.insert(to_server, Pipe::new(node_id, to_client));
-        state.pipes.insert(to_client, Pipe::new(node_id, to_server));
+        let server = End::Node(node_id);
+        state.pipes.insert(to_server, Pipe::new(from, server, to_client));
+        state.pipes.insert(to_client, Pipe::new(server, from, to_server));
         drop(state);
         let accepted = Accepted {
             reader: PipeReader { net: self.clone(), pipe: to_server },
             writer: PipeWriter { net: self.clone(), pipe: to_client },
-            peer: client_address(client_id),
+            peer,
         };
         if listener.send(accepted).is_err() {
             return Err(io::Error::from(io::ErrorKind::ConnectionRefused));
@@ -163,14 +217,24 @@ impl SimNet {
         {
             let mut state = self.lock();
             state.now_ms = now_ms;
-            if now_ms < state.partitioned_until_ms {
-                return;
-            }
-            while let Some(entry) = state.in_flight.first_entry() {
-                if entry.key().0 > now_ms {
-                    break;
+            let clients_cut = now_ms < state.partitioned_until_ms;
+            let due: Vec<(u64, u64)> =
+                state.in_flight.range(..(now_ms + 1, 0)).map(|(key, _)| *key).collect();
+            for key in due {
+                let pipe_id = state.in_flight[&key].0;
+                let held = state.pipes.get(&pipe_id).is_some_and(|pipe| {
+                    let touches_client = pipe.from == End::Client || pipe.to == End::Client;
+                    let cut = match (pipe.from, pipe.to) {
+                        (End::Node(from), End::Node(to)) => state.cuts.contains(&(from, to)),
+                        _ => false,
+                    };
+                    (clients_cut && touches_client) || cut
+                });
+                if held {
+                    // Later chunks of the same pipe are held behind it: they keep their order.
+                    continue;
                 }
-                let (pipe_id, chunk) = entry.remove();
+                let (pipe_id, chunk) = state.in_flight.remove(&key).expect("a due chunk");
                 let Some(pipe) = state.pipes.get_mut(&pipe_id) else { continue };
                 if pipe.reset {
                     continue;
@@ -197,9 +261,10 @@ fn client_address(client_id: u64) -> SocketAddr {
 }
 
 impl Pipe {
-    fn new(node_id: u64, partner: u64) -> Pipe {
+    fn new(from: End, to: End, partner: u64) -> Pipe {
         Pipe {
-            node_id,
+            from,
+            to,
             partner,
             buffer: BytesMut::new(),
             fin: false,
@@ -208,6 +273,12 @@ impl Pipe {
             reader: None,
             last_deliver_at_ms: 0,
         }
+    }
+}
+
+impl Pipe {
+    fn touches(&self, node_id: u64) -> bool {
+        self.from == End::Node(node_id) || self.to == End::Node(node_id)
     }
 }
 

@@ -75,8 +75,51 @@ pub fn derive_seed(seed: u64, purpose: u64) -> u64 {
     rng.next_u64()
 }
 
+/// How a node of a simulated cluster finds the others.
+#[derive(Clone, Debug)]
+pub struct Membership {
+    /// The node that starts the cluster; the others join through it.
+    pub first: u64,
+}
+
+/// The cluster id every simulated cluster carries.
+pub const SIM_CLUSTER_ID: &str = "5151515151515151515151515151515a";
+
+/// The inter-node address of node `node_id` in the simulated network.
+pub fn cluster_address(node_id: u64) -> String {
+    format!("node-{node_id}:4042")
+}
+
+/// Dials other nodes' inter-node ports over the simulated network.
+struct SimDialer {
+    net: SimNet,
+    from: u64,
+}
+
+impl malachi_transport::Dialer for SimDialer {
+    fn dial(&self, address: &str) -> malachi_transport::DialFuture {
+        let target = address
+            .strip_prefix("node-")
+            .and_then(|rest| rest.strip_suffix(":4042"))
+            .and_then(|id| id.parse::<u64>().ok());
+        let connected = match target {
+            Some(to) => self.net.connect_nodes(self.from, to),
+            None => Err(std::io::Error::from(std::io::ErrorKind::AddrNotAvailable)),
+        };
+        Box::pin(async move {
+            let (read, write) = connected?;
+            Ok((
+                Box::new(read) as malachi_transport::StreamRead,
+                Box::new(write) as malachi_transport::StreamWrite,
+            ))
+        })
+    }
+}
+
 pub struct SimNode {
     pub node_id: u64,
+    /// `Some` for a node of a cluster.
+    pub membership: Option<Membership>,
     pub storage: SimStorage,
     pub data_dir: PathBuf,
     config: BrokerConfig,
@@ -89,7 +132,9 @@ pub struct SimNode {
 
 struct Running {
     // Field order is drop order: the broker handle goes before the runtime that owns its tasks.
-    broker: Arc<Broker>,
+    /// `None` while a cluster node boots (its peers must run for it to finish).
+    broker: Option<Arc<Broker>>,
+    booting: Option<tokio::task::JoinHandle<Result<Arc<Broker>, String>>>,
     store: GroupStore,
     runtime: Runtime,
 }
@@ -105,6 +150,7 @@ impl SimNode {
         let data_dir = config.data_dir.clone();
         SimNode {
             node_id,
+            membership: None,
             storage,
             data_dir,
             config,
@@ -119,8 +165,14 @@ impl SimNode {
         self.running.is_some()
     }
 
+    /// The node's broker once it booted.
     pub fn broker(&self) -> Option<Arc<Broker>> {
-        self.running.as_ref().map(|running| Arc::clone(&running.broker))
+        self.running.as_ref().and_then(|running| running.broker.clone())
+    }
+
+    /// Whether the node is up and its boot finished.
+    pub fn is_serving(&self) -> bool {
+        self.broker().is_some()
     }
 
     /// Why the node's Raft store refuses writes, if it does: a real node stops there (fail-stop),
@@ -130,14 +182,15 @@ impl SimNode {
     }
 
     /// Boots the node on its disk as it is now. An error is a finding: a node that cannot come
-    /// back after a crash.
+    /// back after a crash. A node of a cluster boots in the background (it needs its peers,
+    /// which run only as the world steps them): [`SimNode::step`] finishes it.
     pub fn boot(&mut self, clock: Arc<SimClock>, net: &SimNet) -> Result<(), String> {
         assert!(self.running.is_none(), "boot of a running node");
         self.incarnation += 1;
         let runtime = paused_runtime();
         malachi_consensus::seed_raft_rng(derive_seed(self.seed, 1000 + self.incarnation));
         let store = open_raft_store(&self.storage, &self.data_dir)?;
-        let deps = NodeDeps {
+        let mut deps = NodeDeps {
             config: self.config.clone(),
             node_id: self.node_id,
             storage: Arc::new(self.storage.clone()),
@@ -152,17 +205,56 @@ impl SimNode {
             password_cost: PasswordCost::Minimal,
             write_admin_credentials: false,
         };
-        let (broker, _) = runtime
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(60), Broker::open(deps)).await
-            })
-            .map_err(|_| "the node did not open within 60 s".to_string())?
-            .map_err(|error| format!("the node did not open: {error}"))?;
+        let Some(membership) = self.membership.clone() else {
+            let (broker, _) = runtime
+                .block_on(async {
+                    tokio::time::timeout(Duration::from_secs(60), Broker::open(deps)).await
+                })
+                .map_err(|_| "the node did not open within 60 s".to_string())?
+                .map_err(|error| format!("the node did not open: {error}"))?;
+            self.running = Some(Running { broker: None, booting: None, store, runtime });
+            self.serve(broker, net);
+            return Ok(());
+        };
+        let dialer = Arc::new(SimDialer { net: net.clone(), from: self.node_id });
+        let transport =
+            malachi_transport::Transport::with_dialer(self.node_id, SIM_CLUSTER_ID, dialer);
+        let first = membership.first == self.node_id;
+        deps.cluster = Some(malachi_broker::node::ClusterDeps {
+            transport: transport.clone(),
+            cluster_id: SIM_CLUSTER_ID.to_string(),
+            first_boot: if first {
+                malachi_consensus::FirstBoot::Initialize
+            } else {
+                malachi_consensus::FirstBoot::AwaitLeader
+            },
+        });
+        let (listener, mut accepted) = tokio::sync::mpsc::unbounded_channel();
+        net.listen_on(self.node_id, crate::net::Port::Cluster, listener);
+        let serving = transport.clone();
+        runtime.spawn(async move {
+            while let Some(connection) = accepted.recv().await {
+                let transport = serving.clone();
+                tokio::spawn(async move {
+                    let (read, write) = (Box::new(connection.reader), Box::new(connection.writer));
+                    let _ = transport.serve_stream(read, write).await;
+                });
+            }
+        });
+        let seeds = if first { Vec::new() } else { vec![cluster_address(membership.first)] };
+        let booting = runtime.spawn(boot_member(deps, transport, seeds));
+        self.running = Some(Running { broker: None, booting: Some(booting), store, runtime });
+        Ok(())
+    }
+
+    /// Starts serving clients and the background work of a booted broker.
+    fn serve(&mut self, broker: Arc<Broker>, net: &SimNet) {
+        let running = self.running.as_mut().expect("serving a running node");
         let (listener, mut accepted) = tokio::sync::mpsc::unbounded_channel();
         net.listen(self.node_id, listener);
         let shared = ServerShared::for_broker(&broker).expect("the simulator runs without TLS");
         let serving = Arc::clone(&broker);
-        runtime.spawn(async move {
+        running.runtime.spawn(async move {
             while let Some(connection) = accepted.recv().await {
                 tokio::spawn(malachi_server::serve_halves(
                     Box::new(connection.reader),
@@ -174,11 +266,10 @@ impl SimNode {
             }
         });
         {
-            let _inside = runtime.enter();
+            let _inside = running.runtime.enter();
             broker.spawn_maintenance();
         }
-        self.running = Some(Running { broker, store, runtime });
-        Ok(())
+        running.broker = Some(broker);
     }
 
     /// Power loss: the disk stops taking writes first, then every task of the node ends.
@@ -188,10 +279,28 @@ impl SimNode {
         drop(self.running.take());
     }
 
-    /// Runs the node's runtime for `tick` of its time.
-    pub fn step(&self, tick: Duration) {
-        if let Some(running) = &self.running {
-            running.runtime.block_on(async { tokio::time::sleep(tick).await });
+    /// Runs the node's runtime for `tick` of its time; a cluster node's boot that finished
+    /// starts serving. A boot that failed is the error (the node is then down).
+    pub fn step(&mut self, tick: Duration, net: &SimNet) -> Result<(), String> {
+        let Some(running) = &mut self.running else { return Ok(()) };
+        running.runtime.block_on(async { tokio::time::sleep(tick).await });
+        if !running.booting.as_ref().is_some_and(|booting| booting.is_finished()) {
+            return Ok(());
+        }
+        let booting = running.booting.take().expect("a finished boot");
+        match running.runtime.block_on(booting) {
+            Ok(Ok(broker)) => {
+                self.serve(broker, net);
+                Ok(())
+            }
+            Ok(Err(error)) => {
+                self.crash(net);
+                Err(error)
+            }
+            Err(panicked) => {
+                self.crash(net);
+                Err(format!("the boot panicked: {panicked}"))
+            }
         }
     }
 
@@ -203,6 +312,32 @@ impl SimNode {
         F::Output: Send + 'static,
     {
         self.running.as_ref().map(|running| running.runtime.spawn(future))
+    }
+}
+
+/// A cluster node's boot, as `malachi serve` does it: start, answer peers, join through the
+/// seed if this node was never added to the groups, then bootstrap.
+async fn boot_member(
+    deps: NodeDeps,
+    transport: malachi_transport::Transport,
+    seeds: Vec<String>,
+) -> Result<Arc<Broker>, String> {
+    let broker = Broker::start(deps).await.map_err(|error| format!("start: {error}"))?;
+    transport.set_handler(malachi_broker::cluster::peer_handler(&broker));
+    broker.sync_addresses();
+    if !seeds.is_empty()
+        && broker.admin_group().voters().is_empty()
+        && let Err(error) = broker.join(&seeds).await
+    {
+        broker.shutdown().await;
+        return Err(format!("join: {error}"));
+    }
+    match broker.bootstrap().await {
+        Ok(_) => Ok(broker),
+        Err(error) => {
+            broker.shutdown().await;
+            Err(format!("bootstrap: {error}"))
+        }
     }
 }
 

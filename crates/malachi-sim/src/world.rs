@@ -472,7 +472,8 @@ impl World {
         let wall_ms = (EPOCH_MS as i64 + self.now_ms as i64 + self.clock_offset_ms) as u64;
         self.clock.set(wall_ms);
         self.net.deliver(self.now_ms);
-        self.node.step(TICK);
+        // A single node boots in the foreground: stepping it never finishes a boot.
+        let _ = self.node.step(TICK, &self.net);
         if self.node.broker().is_some_and(|broker| broker.data_plane().commit_failed()) {
             // A failed journal checkpoint stops writes until a restart replays the journal.
             self.record("fail-stop: group commit".into());

@@ -123,3 +123,25 @@ fn a_vnode_holds_its_arc_and_its_id_block() {
     assert_eq!(legacy.apply(whole), Ok(MetaResponse::ArcClaimed { already: false }));
     legacy.check_invariants().unwrap();
 }
+
+/// The fence of coordinator terms: commands of a term older than one a coordinator acted in are
+/// refused and counted; only the coordinator's commands may be wrapped.
+#[test]
+fn stale_coordinator_commands_are_refused_and_counted() {
+    let mut state = MetaState::default();
+    apply_ok(&mut state, create("orders", None));
+    let coordinated =
+        |term, command: MetaCommand| MetaCommand::Coordinated { term, command: Box::new(command) };
+    // (term, outcome reason or "ok")
+    let steps = [(3, "ok"), (3, "ok"), (5, "ok"), (4, "stale_coordinator"), (5, "ok")];
+    for (at, (term, expected)) in steps.into_iter().enumerate() {
+        let roll = roll(&state, 1, 0, 10 * (at as u64 + 1), NOW_MS + at as u64);
+        let outcome = state.apply(coordinated(term, roll));
+        let got = outcome.as_ref().map_or_else(|error| error.reason(), |_| "ok".to_string());
+        assert_eq!(got, expected, "step {at}");
+    }
+    assert_eq!(state.stale_coordinator_commands(), 1);
+    let wrapped_create = coordinated(9, create("other", None));
+    assert_eq!(state.apply(wrapped_create).unwrap_err().reason(), "not_coordinated");
+    state.check_invariants().unwrap();
+}
