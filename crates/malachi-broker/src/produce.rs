@@ -126,9 +126,14 @@ impl Broker {
         }
         match failure {
             Some(error) => {
-                // Ranges that did take their records must still wake their long polls.
+                // Ranges that did take their records must still wake their long polls, and the
+                // answer must not claim nothing was written: a definite refusal becomes a
+                // retryable one whose outcome the client does not know.
                 if appended_any {
                     self.notifier.notify(topic_id);
+                    if matches!(error, LogError::NoSuchTopic | LogError::Meta(_)) {
+                        return Err(LogError::Migrating);
+                    }
                 }
                 Err(error)
             }

@@ -235,6 +235,11 @@ impl Broker {
         if let Some(holder) = self.holder_elsewhere(key) {
             return Err(LogError::NotOwner { holders: vec![holder] });
         }
+        // Not listed here even after the read barrier (no leader to ask, or the segment went):
+        // the sender re-routes against its own metadata, which decides what the records meet.
+        if self.listed(key).is_none() {
+            return Ok(false);
+        }
         let batch = RangeBatch { key, indexes: (0..records.len()).collect() };
         let pass = self.append_local(vec![batch], &records).await;
         if pass.appended_any {

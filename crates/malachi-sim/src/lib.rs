@@ -13,24 +13,36 @@
 //!   ([`malachi_consensus::seed_raft_rng`]);
 //! * the disk: [`malachi_log::SimStorage`] under the segments and the Raft store (committed
 //!   inline, no writer thread);
-//! * the network: [`net::SimNet`] pipes between the clients and the node's server.
+//! * the network: [`net::SimNet`] pipes between the clients and the node's server, and between
+//!   the brokers of a simulated cluster ([`cluster`]: 3 to 5 brokers on the real inter-node
+//!   transport, crashed, restarted and partitioned).
 //!
 //! See `docs/testing.md` for what a run covers and how to replay one.
 
+pub mod cluster;
 pub mod net;
 pub mod node;
 mod panics;
 pub mod workload;
 pub mod world;
 
+pub use cluster::{CLUSTER_FAULT_MS, ClusterCanary, ClusterOptions, run_cluster};
 pub use world::{Canary, DEFAULT_FAULT_MS, RunOptions, RunOutcome, RunStats, run};
 
 /// The command that replays `seed` (with `canary`, if any).
 pub fn replay_command(seed: u64, canary: Option<&str>) -> String {
-    match canary {
-        Some(canary) => {
-            format!("cargo run --release -p malachi-sim -- --seed {seed} --canary {canary}")
-        }
-        None => format!("cargo run --release -p malachi-sim -- --seed {seed}"),
+    replay_command_of(false, seed, canary)
+}
+
+/// The command that replays `seed` of a cluster (`cluster`) or of one node.
+pub fn replay_command_of(cluster: bool, seed: u64, canary: Option<&str>) -> String {
+    let mut command = String::from("cargo run --release -p malachi-sim --");
+    if cluster {
+        command.push_str(" --cluster");
     }
+    command.push_str(&format!(" --seed {seed}"));
+    if let Some(canary) = canary {
+        command.push_str(&format!(" --canary {canary}"));
+    }
+    command
 }

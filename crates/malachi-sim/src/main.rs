@@ -5,13 +5,18 @@
 //! cargo run --release -p malachi-sim -- --seeds 10000        # seeds 0..10000
 //! cargo run --release -p malachi-sim -- --minutes 30         # as many seeds as fit
 //! cargo run --release -p malachi-sim -- --seed 7 --canary ack-before-fsync
+//! cargo run --release -p malachi-sim -- --cluster --seeds 100  # 3- to 5-broker clusters
+//! cargo run --release -p malachi-sim -- --cluster --seed 3 --canary coordinate-deposed
 //! ```
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use malachi_sim::{Canary, DEFAULT_FAULT_MS, RunOptions, RunOutcome, replay_command, run};
+use malachi_sim::{
+    CLUSTER_FAULT_MS, Canary, ClusterCanary, ClusterOptions, DEFAULT_FAULT_MS, RunOptions,
+    RunOutcome, replay_command_of, run, run_cluster,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "Malachi's deterministic simulator")]
@@ -28,11 +33,14 @@ struct Args {
     /// Run seeds until this many minutes have passed.
     #[arg(long)]
     minutes: Option<u64>,
-    /// Simulated milliseconds of each run's fault phase.
-    #[arg(long, default_value_t = DEFAULT_FAULT_MS)]
-    fault_ms: u64,
+    /// Simulated milliseconds of each run's fault phase [default: 8000, with --cluster 10000]
+    #[arg(long)]
+    fault_ms: Option<u64>,
+    /// Run clusters of 3 to 5 brokers (crashes, partitions between brokers) instead of one.
+    #[arg(long)]
+    cluster: bool,
     /// Switch on a deliberate bug: ack-before-fsync, skip-split-fence, trust-page-cache,
-    /// skip-dir-sync or cut-damage.
+    /// skip-dir-sync or cut-damage; with --cluster, coordinate-deposed.
     #[arg(long)]
     canary: Option<String>,
     /// Print each run's swarm (its fault rates and workload).
@@ -52,19 +60,29 @@ fn main() -> ExitCode {
             .with_writer(std::io::stderr)
             .init();
     }
-    let canary = match args.canary.as_deref().map(|name| (name, Canary::parse(name))) {
-        None => None,
-        Some((_, Some(canary))) => Some(canary),
-        Some((name, None)) => {
-            let known: Vec<&str> = Canary::ALL.iter().map(|(known, _)| *known).collect();
-            eprintln!("unknown canary {name}: use one of {}", known.join(", "));
-            return ExitCode::from(2);
+    let known: Vec<&str> = if args.cluster {
+        ClusterCanary::ALL.iter().map(|(known, _)| *known).collect()
+    } else {
+        Canary::ALL.iter().map(|(known, _)| *known).collect()
+    };
+    if let Some(name) = args.canary.as_deref().filter(|name| !known.contains(name)) {
+        eprintln!("unknown canary {name}: use one of {}", known.join(", "));
+        return ExitCode::from(2);
+    }
+    let canary = args.canary.as_deref().and_then(Canary::parse);
+    let cluster_canary = args.canary.as_deref().and_then(ClusterCanary::parse);
+    let run_seed = |seed| {
+        if args.cluster {
+            let fault_ms = args.fault_ms.unwrap_or(CLUSTER_FAULT_MS);
+            run_cluster(&ClusterOptions { seed, fault_ms, canary: cluster_canary })
+        } else {
+            let fault_ms = args.fault_ms.unwrap_or(DEFAULT_FAULT_MS);
+            run(&RunOptions { seed, fault_ms, canary })
         }
     };
-    let options = |seed| RunOptions { seed, fault_ms: args.fault_ms, canary };
     if let Some(seed) = args.seed {
-        let outcome = run(&options(seed));
-        report(&outcome, args.canary.as_deref(), args.verbose);
+        let outcome = run_seed(seed);
+        report(&outcome, args.cluster, args.canary.as_deref(), args.verbose);
         if let Some(path) = &args.history {
             let saved = serde_json::json!({ "trace": outcome.trace, "events": outcome.history });
             if let Err(error) = std::fs::write(path, saved.to_string()) {
@@ -83,13 +101,13 @@ fn main() -> ExitCode {
         if deadline.is_some_and(|deadline| started.elapsed() >= deadline) {
             break;
         }
-        let outcome = run(&options(seed));
+        let outcome = run_seed(seed);
         runs += 1;
         if !outcome.passed() {
             failures += 1;
-            report(&outcome, args.canary.as_deref(), true);
+            report(&outcome, args.cluster, args.canary.as_deref(), true);
         } else if args.verbose {
-            report(&outcome, args.canary.as_deref(), true);
+            report(&outcome, args.cluster, args.canary.as_deref(), true);
         }
     }
     let minutes = started.elapsed().as_secs_f64() / 60.0;
@@ -101,7 +119,7 @@ fn main() -> ExitCode {
     if failures == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-fn report(outcome: &RunOutcome, canary: Option<&str>, verbose: bool) {
+fn report(outcome: &RunOutcome, cluster: bool, canary: Option<&str>, verbose: bool) {
     let stats = &outcome.stats;
     let verdict = if outcome.passed() { "ok" } else { "FAILED" };
     println!(
@@ -130,6 +148,6 @@ fn report(outcome: &RunOutcome, canary: Option<&str>, verbose: bool) {
         for finding in &outcome.findings {
             println!("  finding: {finding}");
         }
-        println!("  replay: {}", replay_command(outcome.seed, canary));
+        println!("  replay: {}", replay_command_of(cluster, outcome.seed, canary));
     }
 }

@@ -51,7 +51,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// What every actor shares.
 pub struct Ctx {
     pub net: SimNet,
-    pub node_id: u64,
+    /// The nodes clients connect to: each new connection goes to the next in turn, so a
+    /// client whose node is down finds another.
+    pub node_ids: Vec<u64>,
     pub clock: Arc<SimClock>,
     pub history: Mutex<History>,
     /// Set when the world's fault phase ends: actors finish what they hold and return.
@@ -67,10 +69,11 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(net: SimNet, node_id: u64, clock: Arc<SimClock>) -> Ctx {
+    pub fn new(net: SimNet, node_ids: Vec<u64>, clock: Arc<SimClock>) -> Ctx {
+        assert!(!node_ids.is_empty(), "clients need a node");
         Ctx {
             net,
-            node_id,
+            node_ids,
             clock,
             history: Mutex::new(History::new()),
             stopping: AtomicBool::new(false),
@@ -121,7 +124,8 @@ impl Ctx {
     /// One login attempt over a new simulated connection.
     async fn try_connect(&self) -> Result<Client, ClientError> {
         let client_id = self.next_client_id.fetch_add(1, Ordering::SeqCst);
-        let (read, write) = self.net.connect(client_id, self.node_id)?;
+        let node_id = self.node_ids[(client_id % self.node_ids.len() as u64) as usize];
+        let (read, write) = self.net.connect(client_id, node_id)?;
         let config = ClientConfig::new(format!("sim-client-{client_id}"))
             .credentials("admin", ADMIN_PASSWORD)
             .connect_timeout(REQUEST_TIMEOUT)

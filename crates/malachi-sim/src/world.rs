@@ -24,7 +24,7 @@ use crate::node::{SimClock, SimNode, derive_seed, paused_runtime};
 use crate::workload::{self, Ctx, EVENTS, ORDERS, ProducerMode};
 
 /// The simulated wall clock starts here (2026-01-01T00:00:00Z).
-const EPOCH_MS: u64 = 1_767_225_600_000;
+pub(crate) const EPOCH_MS: u64 = 1_767_225_600_000;
 const TICK: Duration = Duration::from_millis(1);
 /// Ticks the heal phase may take before the run is declared stuck.
 const HEAL_TICKS_MAX: u64 = 120_000;
@@ -354,7 +354,7 @@ impl World {
             coordinate_deposed: false,
         };
         let node = SimNode::new(NODE_ID, seed, config, canaries, storage);
-        let ctx = Arc::new(Ctx::new(net.clone(), NODE_ID, Arc::clone(&clock)));
+        let ctx = Arc::new(Ctx::new(net.clone(), vec![NODE_ID], Arc::clone(&clock)));
         let enospc_window = swarm.enospc_ms.map(|length| {
             let start = rng.below(options.fault_ms.max(1));
             (start, start + length)
@@ -901,20 +901,13 @@ impl World {
         }
         let report = history.check();
         let notes = self.ctx.notes.lock().expect("notes lock poisoned").clone();
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        for line in self.trace.iter().chain(notes.iter()) {
-            hasher.update(line.as_bytes());
-            hasher.update(b"\n");
-        }
-        for event in history.events() {
-            hasher.update(&serde_json::to_vec(event).expect("events serialize"));
-        }
+        let trace_hash = trace_hash(&self.trace, &notes, &history);
         let swarm = format!("{:?}", self.swarm);
         // The node's tasks go before the clients' runtime, which may hold its last handles.
         self.node.crash(&self.net);
         RunOutcome {
             seed: self.options.seed,
-            trace_hash: hasher.digest(),
+            trace_hash,
             report,
             findings: self.findings,
             stats: self.stats,
@@ -923,6 +916,19 @@ impl World {
             trace: self.trace.into_iter().chain(notes).collect(),
         }
     }
+}
+
+/// The hash of a run: its trace, its notes and every history event.
+pub(crate) fn trace_hash(trace: &[String], notes: &[String], history: &History) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for line in trace.iter().chain(notes.iter()) {
+        hasher.update(line.as_bytes());
+        hasher.update(b"\n");
+    }
+    for event in history.events() {
+        hasher.update(&serde_json::to_vec(event).expect("events serialize"));
+    }
+    hasher.digest()
 }
 
 /// Where the last write that a valid frame shows began (a frame with the batch-start flag),
@@ -945,6 +951,6 @@ fn last_write_start(bytes: &[u8]) -> Option<u64> {
 
 /// The first word of an error text (a reason name), so that detail text with addresses or
 /// counts never enters the trace.
-fn reason_name(text: &str) -> String {
+pub(crate) fn reason_name(text: &str) -> String {
     text.split([':', ' ']).next().unwrap_or("").to_string()
 }

@@ -1,0 +1,591 @@
+//! One simulated run of a cluster: 3 to 5 real brokers (each its own paused runtime, disk and
+//! Raft store) talking through the real inter-node transport over the simulated network, the
+//! same seeded workload of clients spread over the brokers, and the cluster's faults: crashes
+//! and restarts of any broker (power loss or process), partitions between brokers (one broker
+//! cut off, one way or both, or the cluster split in two), and message delay and connection
+//! resets between them. Then every fault heals, every broker is up, and the history is checked
+//! as for one node; the metadata's coordinator fence adds a finding of its own (a coordinator
+//! command of an old term that reached the log after a newer one's).
+//!
+//! Same seed, same trace hash: every broker's runtime, every random stream and the network are
+//! driven from the one seed, one millisecond per tick, brokers stepped in order.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use malachi_broker::node::Canaries;
+use malachi_check::{Drain, EventKind, History, Op, Produce, WrittenRecord};
+use malachi_log::SimStorage;
+use malachi_log::rng::SeededRng;
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+use crate::net::{NetFaults, SimNet};
+use crate::node::{Membership, SimClock, SimNode, cluster_address, derive_seed, paused_runtime};
+use crate::workload::{self, Ctx, EVENTS, ORDERS, ProducerMode};
+use crate::world::{EPOCH_MS, RunOutcome, RunStats, reason_name, trace_hash};
+
+const TICK: Duration = Duration::from_millis(1);
+/// Ticks the heal phase (and each final step) may take before the run is declared stuck.
+const HEAL_TICKS_MAX: u64 = 120_000;
+/// The process and producer id of the final produce (actors' ids start at 2).
+const FINAL_PRODUCER: u64 = 1;
+
+/// A deliberate bug of the cluster, to prove the checks catch it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterCanary {
+    /// The coordinator keeps deciding after losing the vnode's leadership and forwards its
+    /// commands to the new leader instead of fencing them by term.
+    CoordinateDeposed,
+}
+
+impl ClusterCanary {
+    pub const ALL: [(&'static str, ClusterCanary); 1] =
+        [("coordinate-deposed", ClusterCanary::CoordinateDeposed)];
+
+    pub fn parse(name: &str) -> Option<ClusterCanary> {
+        ClusterCanary::ALL.iter().find(|(known, _)| *known == name).map(|(_, canary)| *canary)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub seed: u64,
+    /// Simulated milliseconds of the fault phase.
+    pub fault_ms: u64,
+    pub canary: Option<ClusterCanary>,
+}
+
+/// Simulated milliseconds of a cluster run's fault phase unless told otherwise.
+pub const CLUSTER_FAULT_MS: u64 = 10_000;
+
+impl ClusterOptions {
+    pub fn new(seed: u64) -> ClusterOptions {
+        ClusterOptions { seed, fault_ms: CLUSTER_FAULT_MS, canary: None }
+    }
+}
+
+/// This seed's cluster and fault mix.
+#[derive(Clone, Debug)]
+struct Swarm {
+    nodes: u64,
+    /// Mean milliseconds between crashes of some broker.
+    crash_every_ms: Option<u64>,
+    /// In thousandths, how many crashes keep the page cache (the rest are power losses).
+    process_crash_per_mille: u64,
+    down_ms_max: u64,
+    /// Mean milliseconds between partitions between brokers, and their length.
+    partition_every_ms: Option<u64>,
+    partition_ms_max: u64,
+    net: NetFaults,
+    producers: Vec<(ProducerMode, u64)>,
+    cursor_readers: u64,
+    group_member: bool,
+    reshaper: bool,
+    reshape_pause_ms: u64,
+    churner: bool,
+    auto_split: bool,
+    segment_max_bytes: u64,
+    retention_bytes: u64,
+}
+
+impl Swarm {
+    fn draw(rng: &mut SeededRng, canary: Option<ClusterCanary>) -> Swarm {
+        let mut pick = |choices: &[u64]| choices[rng.below(choices.len() as u64) as usize];
+        let producers = (0..pick(&[1, 2, 3]))
+            .map(|_| {
+                let mode = if pick(&[0, 1]) == 0 {
+                    ProducerMode::AckEach
+                } else {
+                    ProducerMode::Pipelined { depth: pick(&[2, 4]) as usize }
+                };
+                (mode, pick(&[0, 5, 40]))
+            })
+            .collect();
+        let mut swarm = Swarm {
+            nodes: pick(&[3, 3, 3, 5]),
+            crash_every_ms: [None, Some(2_000), Some(5_000)][pick(&[0, 1, 2]) as usize],
+            process_crash_per_mille: pick(&[0, 500, 1000]),
+            down_ms_max: pick(&[200, 3_000]),
+            partition_every_ms: [None, Some(1_500), Some(4_000)][pick(&[0, 1, 2]) as usize],
+            partition_ms_max: pick(&[300, 3_000]),
+            net: NetFaults { delay_max_ms: pick(&[0, 2, 20]), reset_per_100k: pick(&[0, 0, 30]) },
+            producers,
+            cursor_readers: pick(&[1, 2]),
+            group_member: pick(&[0, 1]) == 1,
+            reshaper: pick(&[0, 1, 1]) == 1,
+            reshape_pause_ms: pick(&[100, 400]),
+            churner: pick(&[0, 1]) == 1,
+            auto_split: pick(&[0, 1]) == 1,
+            segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
+            retention_bytes: pick(&[8_192, 65_536]),
+        };
+        if canary == Some(ClusterCanary::CoordinateDeposed) {
+            // Leadership must move while the coordinators are busy.
+            swarm.partition_every_ms = Some(800);
+            swarm.partition_ms_max = 2_000;
+            swarm.crash_every_ms = None;
+            swarm.segment_max_bytes = 4_096;
+            swarm.reshaper = true;
+            swarm.reshape_pause_ms = 50;
+            swarm.producers = vec![(ProducerMode::Pipelined { depth: 4 }, 0); 3];
+        }
+        swarm
+    }
+
+    fn settings(&self, node_id: u64) -> Vec<(&'static str, String)> {
+        vec![
+            ("AUTO_SPLIT_ENABLED", self.auto_split.to_string()),
+            ("AUTO_SPLIT_WINDOW_MS", "1000".into()),
+            ("SPLIT_RECORDS_PER_S", "300".into()),
+            ("MERGE_RECORDS_PER_S", "40".into()),
+            ("RESHAPE_COOLDOWN_MS", "500".into()),
+            ("SEGMENT_MAX_BYTES", self.segment_max_bytes.to_string()),
+            ("RETENTION_INTERVAL_MS", "250".into()),
+            ("CLUSTER_PORT", "4042".into()),
+            ("ADVERTISE_HOST", format!("node-{node_id}")),
+            ("NODE_ID", node_id.to_string()),
+        ]
+    }
+}
+
+/// Runs one cluster seed to its verdict.
+pub fn run_cluster(options: &ClusterOptions) -> RunOutcome {
+    crate::panics::reset();
+    let mut world = ClusterWorld::new(options.clone());
+    world.run_phases();
+    world.finish()
+}
+
+struct Down {
+    restart_at_ms: u64,
+    process: bool,
+}
+
+struct ClusterWorld {
+    options: ClusterOptions,
+    rng: SeededRng,
+    swarm: Swarm,
+    clock: Arc<SimClock>,
+    net: SimNet,
+    nodes: Vec<SimNode>,
+    /// Brokers down, by index, with when they come back.
+    down: Vec<Option<Down>>,
+    partition_until_ms: Option<u64>,
+    clients: Runtime,
+    ctx: Arc<Ctx>,
+    now_ms: u64,
+    faults_on: bool,
+    trace: Vec<String>,
+    findings: Vec<String>,
+    stats: RunStats,
+}
+
+impl ClusterWorld {
+    fn new(options: ClusterOptions) -> ClusterWorld {
+        let seed = options.seed;
+        let mut rng = SeededRng::new(derive_seed(seed, 1));
+        let swarm = Swarm::draw(&mut rng, options.canary);
+        let clock = Arc::new(SimClock::default());
+        clock.set(EPOCH_MS);
+        let net = SimNet::new(derive_seed(seed, 2));
+        let canaries = Canaries {
+            coordinate_deposed: options.canary == Some(ClusterCanary::CoordinateDeposed),
+            ..Canaries::default()
+        };
+        let nodes: Vec<SimNode> = (1..=swarm.nodes)
+            .map(|node_id| {
+                let settings = swarm.settings(node_id);
+                let settings: Vec<(&str, &str)> =
+                    settings.iter().map(|(name, value)| (*name, value.as_str())).collect();
+                let dir = format!("/sim/node-{node_id}");
+                let config = malachi_broker::testing::config(Path::new(&dir), &settings);
+                let storage = SimStorage::new(derive_seed(seed, 4 + node_id));
+                let mut node = SimNode::new(node_id, seed ^ node_id, config, canaries, storage);
+                node.membership = Some(Membership { first: 1 });
+                node
+            })
+            .collect();
+        let node_ids = (1..=swarm.nodes).collect();
+        let ctx = Arc::new(Ctx::new(net.clone(), node_ids, Arc::clone(&clock)));
+        ClusterWorld {
+            options,
+            rng,
+            down: (0..swarm.nodes).map(|_| None).collect(),
+            swarm,
+            clock,
+            net,
+            nodes,
+            partition_until_ms: None,
+            clients: paused_runtime(),
+            ctx,
+            now_ms: 0,
+            faults_on: false,
+            trace: Vec::new(),
+            findings: Vec::new(),
+            stats: RunStats::default(),
+        }
+    }
+
+    fn run_phases(&mut self) {
+        for index in 0..self.nodes.len() {
+            self.boot(index);
+        }
+        // The cluster forms before the faults begin: every broker joined and serving.
+        if !self.tick_until(|world| world.nodes.iter().all(SimNode::is_serving)) {
+            self.findings.push("the cluster did not form on empty disks".into());
+            return;
+        }
+        self.record("cluster formed".into());
+        let workload = self.start_workload();
+        self.faults_on = true;
+        self.net.set_faults(self.swarm.net);
+        for _ in 0..self.options.fault_ms {
+            self.tick();
+        }
+        self.heal();
+        self.ctx.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        if !self.tick_until(|_| workload.is_finished()) {
+            self.findings.push(format!("the workload did not finish within {HEAL_TICKS_MAX} ms"));
+            return;
+        }
+        if !self.tick_until(|world| world.nodes.iter().all(SimNode::is_serving)) {
+            self.findings.push("a broker did not come back once every fault healed".into());
+            return;
+        }
+        self.final_produce(ORDERS);
+        for topic in [ORDERS, EVENTS] {
+            self.final_drain(topic);
+        }
+        self.check_fence();
+    }
+
+    /// Ticks until `done` holds; `false` after `HEAL_TICKS_MAX` ticks.
+    fn tick_until(&mut self, mut done: impl FnMut(&ClusterWorld) -> bool) -> bool {
+        for _ in 0..HEAL_TICKS_MAX {
+            if done(self) {
+                return true;
+            }
+            self.tick();
+        }
+        done(self)
+    }
+
+    fn start_workload(&mut self) -> JoinHandle<()> {
+        let ctx = Arc::clone(&self.ctx);
+        let swarm = self.swarm.clone();
+        let seed = self.options.seed;
+        self.clients.spawn(async move {
+            workload::setup(Arc::clone(&ctx), swarm.retention_bytes).await;
+            let mut actors = tokio::task::JoinSet::new();
+            let mut next_id = 1u64;
+            let mut seed_for = || {
+                next_id += 1;
+                (next_id, derive_seed(seed, 100 + next_id))
+            };
+            for (index, &(mode, think_ms)) in swarm.producers.iter().enumerate() {
+                let topic = if index == 1 { EVENTS } else { ORDERS };
+                let (id, seed) = seed_for();
+                actors.spawn(workload::producer(Arc::clone(&ctx), id, topic, mode, think_ms, seed));
+            }
+            for index in 0..swarm.cursor_readers {
+                let topic = if index == 1 { EVENTS } else { ORDERS };
+                let (id, seed) = seed_for();
+                actors.spawn(workload::cursor_reader(Arc::clone(&ctx), id, topic, seed));
+            }
+            if swarm.group_member {
+                let (id, seed) = seed_for();
+                actors.spawn(workload::group_member(Arc::clone(&ctx), id, ORDERS, seed));
+            }
+            if swarm.reshaper {
+                let (_, seed) = seed_for();
+                let pause_ms = swarm.reshape_pause_ms;
+                actors.spawn(workload::reshaper(Arc::clone(&ctx), ORDERS, pause_ms, seed));
+            }
+            if swarm.churner {
+                let (id, seed) = seed_for();
+                actors.spawn(workload::churner(Arc::clone(&ctx), id, seed));
+            }
+            while actors.join_next().await.is_some() {}
+        })
+    }
+
+    /// One millisecond: faults, the clock, the network, every broker in order, the clients.
+    fn tick(&mut self) {
+        self.now_ms += 1;
+        if self.faults_on {
+            self.strike();
+        }
+        self.restart_due();
+        self.clock.set(EPOCH_MS + self.now_ms);
+        self.net.deliver(self.now_ms);
+        for index in 0..self.nodes.len() {
+            if let Err(error) = self.nodes[index].step(TICK, &self.net) {
+                self.record(format!("node {} boot failed: {}", index + 1, reason_name(&error)));
+                self.schedule_restart(index, 200, true);
+            } else if let Some(reason) = self.nodes[index].store_poisoned() {
+                // A broker whose Raft store failed stops, as a real one exits.
+                self.record(format!("node {} fail-stop: {}", index + 1, reason_name(&reason)));
+                self.stats.fail_stops += 1;
+                self.crash(index, 1, true);
+            }
+        }
+        self.clients.block_on(async { tokio::time::sleep(TICK).await });
+    }
+
+    fn strike(&mut self) {
+        if let Some(every) = self.swarm.crash_every_ms
+            && self.rng.chance(1, every)
+        {
+            let index = self.rng.below(self.swarm.nodes) as usize;
+            if self.nodes[index].is_up() {
+                let down_ms = 1 + self.rng.below(self.swarm.down_ms_max);
+                let process = self.rng.chance(self.swarm.process_crash_per_mille, 1000);
+                self.record(format!(
+                    "crash node {} (process {process}), down {down_ms} ms",
+                    index + 1
+                ));
+                self.crash(index, down_ms, process);
+            }
+        }
+        if let Some(until) = self.partition_until_ms
+            && self.now_ms >= until
+        {
+            self.net.heal_cuts();
+            self.partition_until_ms = None;
+            self.record("partition healed".into());
+        }
+        if let Some(every) = self.swarm.partition_every_ms
+            && self.partition_until_ms.is_none()
+            && self.rng.chance(1, every)
+        {
+            self.partition();
+        }
+    }
+
+    /// Cuts the brokers apart for a while: one broker from the rest (both ways, or only its
+    /// sends, or only what it receives), or the cluster in two halves.
+    fn partition(&mut self) {
+        let nodes = self.swarm.nodes;
+        let length_ms = 1 + self.rng.below(self.swarm.partition_ms_max);
+        let one = 1 + self.rng.below(nodes);
+        let kind = self.rng.below(4);
+        let mut cuts = Vec::new();
+        for other in (1..=nodes).filter(|&other| other != one) {
+            match kind {
+                0 | 3 => cuts.extend([(one, other), (other, one)]),
+                1 => cuts.push((one, other)),
+                _ => cuts.push((other, one)),
+            }
+        }
+        if kind == 3 {
+            // Two halves: the first half of the ids against the rest.
+            cuts.clear();
+            let half = nodes / 2;
+            for low in 1..=half {
+                for high in half + 1..=nodes {
+                    cuts.extend([(low, high), (high, low)]);
+                }
+            }
+        }
+        for &(from, to) in &cuts {
+            self.net.cut(from, to);
+        }
+        let what = ["isolated", "sends cut", "receives cut", "halves"][kind as usize];
+        self.record(format!("partition: node {one} {what} for {length_ms} ms"));
+        self.partition_until_ms = Some(self.now_ms + length_ms);
+    }
+
+    fn crash(&mut self, index: usize, down_ms: u64, process: bool) {
+        self.stats.crashes += 1;
+        if process {
+            self.stats.process_crashes += 1;
+        }
+        self.nodes[index].crash(&self.net);
+        self.schedule_restart(index, down_ms, process);
+    }
+
+    fn schedule_restart(&mut self, index: usize, down_ms: u64, process: bool) {
+        self.down[index] = Some(Down { restart_at_ms: self.now_ms + down_ms, process });
+    }
+
+    fn restart_due(&mut self) {
+        for index in 0..self.nodes.len() {
+            let due =
+                self.down[index].as_ref().is_some_and(|down| self.now_ms >= down.restart_at_ms);
+            if !due {
+                continue;
+            }
+            let down = self.down[index].take().expect("due");
+            let storage = &self.nodes[index].storage;
+            if down.process {
+                storage.restart_process()
+            } else {
+                storage.restart()
+            }
+            self.boot(index);
+        }
+    }
+
+    fn boot(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        match node.boot(Arc::clone(&self.clock), &self.net) {
+            Ok(()) => {
+                let incarnation = node.incarnation;
+                self.record(format!("boot node {} ({incarnation})", index + 1));
+            }
+            Err(error) => {
+                self.record(format!("node {} boot failed: {}", index + 1, reason_name(&error)));
+                self.schedule_restart(index, 200, true);
+            }
+        }
+    }
+
+    /// Lifts every fault: partitions heal, the network is clean, every down broker restarts.
+    fn heal(&mut self) {
+        self.faults_on = false;
+        self.net.heal_cuts();
+        self.net.set_faults(NetFaults::default());
+        self.partition_until_ms = None;
+        for down in self.down.iter_mut().flatten() {
+            down.restart_at_ms = self.now_ms;
+        }
+        self.record("heal".into());
+    }
+
+    /// A serving broker, for the final produce and drain through the log API.
+    fn serving(&self) -> Option<usize> {
+        (0..self.nodes.len()).find(|&index| self.nodes[index].is_serving())
+    }
+
+    /// Runs `future` (made from a serving broker) on that broker's runtime until it finishes,
+    /// ticking the whole world meanwhile.
+    fn on_a_broker<T: Send + 'static>(
+        &mut self,
+        make: impl FnOnce(
+            Arc<malachi_broker::node::Broker>,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<T, String>> + Send>,
+        >,
+    ) -> Result<T, String> {
+        let index = self.serving().ok_or("no broker is serving")?;
+        let broker = self.nodes[index].broker().ok_or("no broker is serving")?;
+        let task = self.nodes[index].spawn(make(broker)).ok_or("the broker went down")?;
+        let finished = self.tick_until(|_| task.is_finished());
+        if !finished {
+            return Err("did not finish".into());
+        }
+        self.clients.block_on(task).unwrap_or_else(|error| Err(error.to_string()))
+    }
+
+    fn final_produce(&mut self, topic: &str) {
+        let record = WrittenRecord {
+            key: Some(b"final".to_vec()),
+            value: format!("final-{}", self.options.seed).into_bytes(),
+            producer: FINAL_PRODUCER,
+            sequence: 1,
+        };
+        let op = Op::Produce(Produce {
+            topic: topic.to_string(),
+            records: vec![record.clone()],
+            retry_of: None,
+        });
+        for attempt in 0..3 {
+            let op_id = self.history_mut(|history| history.invoke(FINAL_PRODUCER, op.clone()));
+            let (topic, record) = (topic.to_string(), record.clone());
+            match self.on_a_broker(move |broker| {
+                Box::pin(workload::produce_on_node(broker, topic, record))
+            }) {
+                Ok(()) => {
+                    self.history_mut(|history| history.ok(op_id));
+                    return;
+                }
+                Err(error) => {
+                    self.history_mut(|history| history.info(op_id));
+                    self.record(format!("final produce {attempt} failed: {}", reason_name(&error)));
+                }
+            }
+        }
+        self.findings.push(format!("the healed cluster refused a produce to {topic} three times"));
+    }
+
+    fn final_drain(&mut self, topic: &str) {
+        let op = |records, skipped| Op::Drain(Drain { topic: topic.to_string(), records, skipped });
+        for _attempt in 0..3 {
+            let op_id = self.history_mut(|history| history.invoke(0, op(Vec::new(), 0)));
+            let name = topic.to_string();
+            match self.on_a_broker(move |broker| Box::pin(workload::drain_on_node(broker, name))) {
+                Ok((records, skipped)) => {
+                    self.history_mut(|history| history.ok_with(op_id, op(records, skipped)));
+                    return;
+                }
+                Err(error) => {
+                    self.history_mut(|history| history.info(op_id));
+                    self.record(format!("drain of {topic} failed: {}", reason_name(&error)));
+                }
+            }
+        }
+        self.findings.push(format!("the final drain of {topic} failed three times"));
+    }
+
+    /// The coordinator fence: a command of an old term that reached the log after a newer
+    /// coordinator's means a deposed coordinator acted. Every replica counts the same; any
+    /// broker's count is the cluster's.
+    fn check_fence(&mut self) {
+        let Some(index) = self.serving() else { return };
+        let Some(broker) = self.nodes[index].broker() else { return };
+        let stale = broker.meta_group().read(|meta| meta.0.stale_coordinator_commands());
+        if stale > 0 {
+            self.findings.push(format!(
+                "StaleCoordinator: {stale} coordinator commands of an old term reached the log \
+                 after a newer coordinator's"
+            ));
+        }
+    }
+
+    fn history_mut<T>(&self, change: impl FnOnce(&mut History) -> T) -> T {
+        change(&mut self.ctx.history.lock().expect("history lock poisoned"))
+    }
+
+    fn record(&mut self, line: String) {
+        self.trace.push(format!("{} {line}", self.now_ms));
+    }
+
+    fn finish(mut self) -> RunOutcome {
+        self.stats.simulated_ms = self.now_ms;
+        self.stats.connection_resets = self.net.resets();
+        self.findings.extend(self.ctx.findings.lock().expect("findings lock poisoned").drain(..));
+        self.findings
+            .extend(crate::panics::take().into_iter().map(|panic| format!("panic: {panic}")));
+        let history = self.ctx.history.lock().expect("history lock poisoned").clone();
+        self.stats.history_events = history.events().len() as u64;
+        self.stats.acknowledged_produces = history
+            .events()
+            .iter()
+            .filter(|event| event.kind == EventKind::Ok && matches!(event.op, Op::Produce(_)))
+            .count() as u64;
+        if self.stats.acknowledged_produces == 0 {
+            self.findings.push("no produce was acknowledged".to_string());
+        }
+        let report = history.check();
+        let notes = self.ctx.notes.lock().expect("notes lock poisoned").clone();
+        let trace_hash = trace_hash(&self.trace, &notes, &history);
+        let swarm = format!("{:?}", self.swarm);
+        for node in &mut self.nodes {
+            node.crash(&self.net);
+        }
+        let seed_line =
+            format!("cluster of {} (seeds at {})", self.swarm.nodes, cluster_address(1));
+        RunOutcome {
+            seed: self.options.seed,
+            trace_hash,
+            report,
+            findings: self.findings,
+            stats: self.stats,
+            swarm,
+            history,
+            trace: std::iter::once(seed_line).chain(self.trace).chain(notes).collect(),
+        }
+    }
+}
