@@ -27,8 +27,6 @@ pub const CALL_ADD_MEMBER: u8 = 3;
 
 /// Voters the administrative group keeps when it has the brokers: it survives two failures.
 pub const ADMIN_VOTERS_MAX: usize = 5;
-/// Voters of a vnode (`MALACHI_LOG_VNODE_REPLICATION_FACTOR`'s default).
-pub const VNODE_VOTERS: usize = 3;
 /// How long a join waits for the groups' leaders to catch the new broker up.
 pub const JOIN_WAIT_MS: u64 = 30_000;
 /// Pause between rounds of join attempts over the seeds.
@@ -246,7 +244,9 @@ impl Broker {
     async fn add_to_group(&self, add: AddMember) -> Result<(), String> {
         match add.group_id {
             ADMIN_GROUP_ID => self.add_member_to(&self.admin, ADMIN_VOTERS_MAX, add).await,
-            VNODE_GROUP_ID => self.add_member_to(&self.meta, VNODE_VOTERS, add).await,
+            VNODE_GROUP_ID => {
+                self.add_member_to(&self.meta, self.config.cluster.vnode_voters, add).await
+            }
             other => Err(format!("group {other} is not on this broker")),
         }
     }

@@ -89,6 +89,11 @@ pub struct ClusterConfig {
     /// Inter-node addresses of brokers to join through (`MALACHI_LOG_NODES`, `host:port`
     /// separated by commas). Empty: this broker starts a cluster of its own.
     pub seeds: Vec<String>,
+    /// Voters of the vnode's Raft group (`MALACHI_LOG_VNODE_REPLICATION_FACTOR`).
+    pub vnode_voters: usize,
+    /// How long a voter's broker may be dead before its seat moves to a live broker
+    /// (`MALACHI_VOTER_REPLACE_AFTER_MS`, ours).
+    pub voter_replace_after_ms: u64,
 }
 
 impl ClusterConfig {
@@ -315,9 +320,23 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         enabled: sources.raw("CLUSTER_PORT").is_some() || !seeds.is_empty(),
         port: sources.number("CLUSTER_PORT", 4042)?,
         gossip_port: sources.number("CLUSTER_GOSSIP_PORT", 45892)?,
+        vnode_voters: vnode_voters(sources)?,
+        voter_replace_after_ms: sources.number("VOTER_REPLACE_AFTER_MS", 60_000)?,
         advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
         seeds,
     })
+}
+
+/// Voters of a Raft group, odd so every majority is a strict one, and at most 7.
+fn vnode_voters(sources: &Sources<'_>) -> Result<usize, ConfigError> {
+    let voters: usize = sources.number("LOG_VNODE_REPLICATION_FACTOR", 3)?;
+    if voters.is_multiple_of(2) || !(1..=7).contains(&voters) {
+        return Err(ConfigError::OutOfRange {
+            name: "MALACHI_LOG_VNODE_REPLICATION_FACTOR".into(),
+            problem: format!("must be 1, 3, 5 or 7, not {voters}"),
+        });
+    }
+    Ok(voters)
 }
 
 fn looks_like_host_port(text: &str) -> bool {

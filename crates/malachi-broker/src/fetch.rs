@@ -60,6 +60,16 @@ struct RangeRead {
     next: RangePosition,
     skipped: u64,
     wire_bytes: u64,
+    /// A head this broker's metadata calls active is sealed where it is held: this broker is
+    /// behind the range's moves, and records past it may exist that it does not know of.
+    behind: bool,
+}
+
+/// Where an active segment ends, as the broker holding it says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HeadEnd {
+    pub(crate) offset: u64,
+    pub(crate) sealed: bool,
 }
 
 /// One retained segment of a range as a reader needs it.
@@ -96,13 +106,24 @@ impl Broker {
         // The runtime's timer, not a clock read: under the simulator's paused time it is virtual.
         let deadline = tokio::time::sleep(Duration::from_millis(u64::from(wait_ms)));
         tokio::pin!(deadline);
+        let mut caught_up = false;
         loop {
             let Some(topic) = self.meta.read(|meta| meta.0.topic(topic.topic_id).cloned()) else {
                 // Deleted while we waited: an empty page, as for a topic that never existed.
                 return Ok(FetchPage::default());
             };
-            let (records, skipped) =
+            let (records, skipped, behind) =
                 self.read_frontier(&topic, &mut frontier, max, args.total_max).await?;
+            if records.is_empty() && behind && !caught_up {
+                // This broker is behind a range's moves (a roll, a split applied elsewhere
+                // first): catch up once and read again, rather than answer an empty page to a
+                // client that produced past it through another broker.
+                caught_up = true;
+                if let Err(error) = self.meta.read_barrier().await {
+                    tracing::debug!(%error, "read barrier for a moved head failed");
+                }
+                continue;
+            }
             if !records.is_empty() || wait_ms == 0 || deadline.is_elapsed() {
                 let cursor = Cursor { topic_id: topic.topic_id, positions: frontier };
                 let next_cursor = self.mint_cursor(&cursor)?;
@@ -161,8 +182,9 @@ impl Broker {
         frontier: &mut Frontier,
         max: u32,
         total_max: Option<u32>,
-    ) -> Result<(Vec<Record>, u64), LogError> {
+    ) -> Result<(Vec<Record>, u64, bool), LogError> {
         let mut total_left = total_max.unwrap_or(u32::MAX);
+        let mut behind = false;
         let mut records = Vec::new();
         let mut skipped = 0;
         let mut visited = BTreeSet::new();
@@ -183,7 +205,7 @@ impl Broker {
                 })
                 .collect();
             if unread.is_empty() || budget == 0 || total_left == 0 {
-                return Ok((records, skipped));
+                return Ok((records, skipped, behind));
             }
             for (range_id, offset) in unread {
                 if total_left == 0 {
@@ -197,6 +219,7 @@ impl Broker {
                 total_left -= read.records.len() as u32;
                 used += read.wire_bytes;
                 skipped += read.skipped;
+                behind |= read.behind;
                 records.extend(read.records);
                 frontier.insert(range_id, read.next);
             }
@@ -220,6 +243,7 @@ impl Broker {
             next: RangePosition::At(offset),
             skipped: 0,
             wire_bytes: 0,
+            behind: false,
         };
         if offset < range.expired_records {
             read.skipped = range.expired_records - offset;
@@ -236,7 +260,13 @@ impl Broker {
                         segment_id: span.segment_id,
                     };
                     // Rolled, split or deleted since we looked: nothing more to read here.
-                    self.segment_end(key).await?.unwrap_or(0)
+                    match self.segment_end(key).await? {
+                        Some(end) => {
+                            read.behind |= end.sealed;
+                            end.offset
+                        }
+                        None => 0,
+                    }
                 }
             };
             spans.push((span, span.base + length));
@@ -336,9 +366,10 @@ impl Broker {
         Ok(Some(batch.records.into_iter().map(|stored| stored.record).collect()))
     }
 
-    /// The durable end of active segment `key`, here or on its holder; `None` once metadata
-    /// no longer lists it.
-    pub(crate) async fn segment_end(&self, key: SegmentKey) -> Result<Option<u64>, LogError> {
+    /// The durable end of active segment `key`, here or on its holder, and whether the head is
+    /// sealed there already (a broker whose metadata still calls it active is behind: the range
+    /// moved on); `None` once metadata no longer lists it.
+    pub(crate) async fn segment_end(&self, key: SegmentKey) -> Result<Option<HeadEnd>, LogError> {
         if let Some(holder) = self.holder_elsewhere(key) {
             return Ok(match self.remote_end(holder, key).await? {
                 Remote::Done(end) => Some(end),
@@ -346,7 +377,11 @@ impl Broker {
             });
         }
         match self.active_durable_end(key).await {
-            Ok(end) => Ok(Some(end)),
+            Ok(offset) => {
+                let sealed =
+                    self.data.peek(key).is_some_and(|segment| segment.status().sealed.is_some());
+                Ok(Some(HeadEnd { offset, sealed }))
+            }
             Err(DataError::Gone(_)) => Ok(None),
             Err(error) => Err(error.into()),
         }

@@ -38,6 +38,9 @@ pub struct MemberStatuses {
     started_ms: Option<u64>,
     /// The brokers membership knows, by node id.
     heard: BTreeMap<u64, PeerStatus>,
+    /// Since when each broker has been dead (reported dead, or never heard from past the grace
+    /// time), by node id.
+    dead_since_ms: BTreeMap<u64, u64>,
 }
 
 impl MemberStatuses {
@@ -54,6 +57,32 @@ impl MemberStatuses {
             None if now_ms < started_ms.saturating_add(grace_ms) => PeerStatus::Suspect,
             None => PeerStatus::Dead,
         }
+    }
+
+    /// How long `node_id` has been dead at `now_ms` (0 while it is not, or without membership).
+    pub fn dead_for_ms(&self, me: u64, node_id: u64, now_ms: u64, grace_ms: u64) -> u64 {
+        if self.status(me, node_id, now_ms, grace_ms) != PeerStatus::Dead {
+            return 0;
+        }
+        let since = match self.dead_since_ms.get(&node_id) {
+            Some(since) => *since,
+            // Never heard from: dead since the grace time ran out.
+            None => self.started_ms.map_or(now_ms, |started| started.saturating_add(grace_ms)),
+        };
+        now_ms.saturating_sub(since)
+    }
+
+    /// Takes in what membership reports now.
+    fn publish(&mut self, heard: BTreeMap<u64, PeerStatus>, now_ms: u64) {
+        for (node_id, status) in &heard {
+            if *status == PeerStatus::Dead {
+                self.dead_since_ms.entry(*node_id).or_insert(now_ms);
+            } else {
+                self.dead_since_ms.remove(node_id);
+            }
+        }
+        self.dead_since_ms.retain(|node_id, _| heard.contains_key(node_id));
+        self.heard = heard;
     }
 }
 
@@ -109,6 +138,7 @@ impl Broker {
             let mut statuses = self.statuses.lock().expect("statuses lock poisoned");
             statuses.started_ms = Some(now_ms);
             statuses.heard.clear();
+            statuses.dead_since_ms.clear();
         }
         let (stop, stopped) = oneshot::channel();
         let driver = Driver {
@@ -127,6 +157,13 @@ impl Broker {
         let grace_ms = unheard_grace_ms(&MembershipConfig::default());
         let statuses = self.statuses.lock().expect("statuses lock poisoned");
         statuses.status(self.node_id, node_id, self.clock.now_ms(), grace_ms)
+    }
+
+    /// How long `node_id` has been dead, as membership tells (0 while it is not).
+    pub fn dead_for_ms(&self, node_id: u64) -> u64 {
+        let grace_ms = unheard_grace_ms(&MembershipConfig::default());
+        let statuses = self.statuses.lock().expect("statuses lock poisoned");
+        statuses.dead_for_ms(self.node_id, node_id, self.clock.now_ms(), grace_ms)
     }
 }
 
@@ -243,7 +280,8 @@ impl Driver {
             .into_iter()
             .map(|(peer, status)| (peer.broker_id, status))
             .collect();
-        broker.statuses.lock().expect("statuses lock poisoned").heard = heard;
+        let now_ms = broker.clock.now_ms();
+        broker.statuses.lock().expect("statuses lock poisoned").publish(heard, now_ms);
         for (to, datagram) in outgoing {
             // A datagram lost here is one SWIM loses anyway; it retries by design.
             let _ = self.socket.send_to(&datagram, to).await;
@@ -260,10 +298,9 @@ mod tests {
         let grace_ms = 5_000;
         let alone = MemberStatuses::default();
         assert_eq!(alone.status(1, 2, 10_000, grace_ms), PeerStatus::Alive);
-        let statuses = MemberStatuses {
-            started_ms: Some(1_000),
-            heard: BTreeMap::from([(2, PeerStatus::Alive), (3, PeerStatus::Dead)]),
-        };
+        let mut statuses = MemberStatuses { started_ms: Some(1_000), ..MemberStatuses::default() };
+        let heard = BTreeMap::from([(2, PeerStatus::Alive), (3, PeerStatus::Dead)]);
+        statuses.publish(heard, 1_000);
         let cases = [
             // (node, now_ms, status)
             (1, 1_000, PeerStatus::Alive),
@@ -276,5 +313,16 @@ mod tests {
         for (node_id, now_ms, expected) in cases {
             assert_eq!(statuses.status(1, node_id, now_ms, grace_ms), expected, "{node_id}");
         }
+        // Dead since it was first reported dead; a broker never heard from since the grace
+        // time ran out; an alive one not at all, and a revived one forgets its death.
+        let dead_for = |statuses: &MemberStatuses, node_id, now_ms| {
+            statuses.dead_for_ms(1, node_id, now_ms, grace_ms)
+        };
+        assert_eq!(dead_for(&statuses, 3, 4_000), 3_000);
+        assert_eq!(dead_for(&statuses, 4, 9_000), 3_000);
+        assert_eq!(dead_for(&statuses, 2, 9_000), 0);
+        statuses.publish(BTreeMap::from([(3, PeerStatus::Alive)]), 5_000);
+        statuses.publish(BTreeMap::from([(3, PeerStatus::Dead)]), 8_000);
+        assert_eq!(dead_for(&statuses, 3, 9_000), 1_000);
     }
 }

@@ -196,7 +196,11 @@ impl Broker {
     /// Seals a range's head where it is held and returns the report metadata records.
     async fn fence(&self, topic_id: u64, range_id: u32) -> Result<SealReport, LogError> {
         let segment_id = self.head_segment(topic_id, range_id)?;
-        let key = SegmentKey { topic_id, range_id, segment_id };
+        self.seal_anywhere(SegmentKey { topic_id, range_id, segment_id }).await
+    }
+
+    /// Seals segment `key` on the broker holding it (here or there).
+    pub(crate) async fn seal_anywhere(&self, key: SegmentKey) -> Result<SealReport, LogError> {
         match self.holder_elsewhere(key) {
             None => self.seal_here(key).await,
             Some(holder) => match self.remote_seal(holder, key).await? {
@@ -299,7 +303,9 @@ impl Broker {
             .cluster_view()
             .brokers
             .into_iter()
-            .filter(|broker| broker.status == PeerStatus::Alive)
+            .filter(|broker| {
+                broker.status == PeerStatus::Alive && self.takes_new_work(broker.record.node_id)
+            })
             .map(|broker| Candidate {
                 broker_id: broker.record.node_id,
                 attributes: broker.record.attributes,

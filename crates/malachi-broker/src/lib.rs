@@ -22,6 +22,7 @@ pub mod node;
 pub mod notify;
 pub mod produce;
 mod remote;
+pub mod seats;
 mod segments;
 pub mod testing;
 #[cfg(test)]

@@ -26,6 +26,7 @@ impl Broker {
                     broker.sync_addresses();
                     leaders.note(&broker.cluster_view());
                 }
+                broker.reconcile_seats().await;
                 broker.coordinate_once().await;
                 let now_ms = broker.clock.now_ms();
                 broker.members.lock().expect("members lock poisoned").prune(now_ms);

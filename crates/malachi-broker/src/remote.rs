@@ -12,7 +12,8 @@
 //! create a new segment's file on the broker placement chose.
 //!
 //! Layouts (little-endian): a request is the segment key (`topic_id` u64, `range_id` u32,
-//! `segment_id` u64) then the operation's arguments; an answer starts with a status byte: 0
+//! `segment_id` u64) then the operation's arguments (the end of a head answers its durable
+//! offset u64 and whether it is sealed there, u8); an answer starts with a status byte: 0
 //! done (then the result), 1 fenced (append: the head was sealed; re-route) or gone (read and
 //! end: metadata no longer lists the segment), 2 failed (then `retryable` u8 and the wire reason
 //! as UTF-8). Records are `count` u32, then per record `flags` u8 (1 key present, 2
@@ -97,14 +98,19 @@ impl Broker {
         decode_answer(&answer, |body| decode_records(&mut Reader(body)))
     }
 
-    /// The durable end of active segment `key` on `holder`.
+    /// The durable end of active segment `key` on `holder`, and whether it is sealed there.
     pub(crate) async fn remote_end(
         &self,
         holder: u64,
         key: SegmentKey,
-    ) -> Result<Remote<u64>, LogError> {
+    ) -> Result<Remote<crate::fetch::HeadEnd>, LogError> {
         let answer = self.data_call(holder, CALL_END, encode_key(key)).await?;
-        decode_answer(&answer, |body| Reader(body).u64())
+        decode_answer(&answer, |body| {
+            let mut reader = Reader(body);
+            let offset = reader.u64()?;
+            let sealed = reader.u8()? != 0;
+            Ok(crate::fetch::HeadEnd { offset, sealed })
+        })
     }
 
     /// Seals `key` on `holder` (the coordinator's fence there).
@@ -196,7 +202,8 @@ impl Broker {
             CALL_CREATE => self.create_when_listed(key).await,
             CALL_END => match self.segment_end(key).await {
                 Ok(Some(end)) => {
-                    answer.extend_from_slice(&end.to_le_bytes());
+                    answer.extend_from_slice(&end.offset.to_le_bytes());
+                    answer.push(u8::from(end.sealed));
                     Ok(true)
                 }
                 Ok(None) => Ok(false),

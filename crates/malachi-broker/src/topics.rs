@@ -68,11 +68,35 @@ impl Broker {
         Ok(topic_id)
     }
 
-    /// Deletes a topic: metadata first (the name is free at once, a re-created topic gets a new
-    /// id), then the files, then metadata hears the files are gone.
+    /// Deletes a topic behind the seal-first fence: its write heads are sealed where they are
+    /// held, then metadata forgets it (the name is free at once, a re-created topic gets a new
+    /// id), then the files go, then metadata hears the files are gone. Without the fence, a
+    /// broker whose metadata lags (cut off, or a moment behind) would go on acknowledging
+    /// appends to a topic already deleted, records nobody could ever read.
     pub async fn delete_topic(&self, name: &str) -> Result<(), LogError> {
         let _reshape = self.reshape_lock.lock().await;
-        let response = self.propose_meta(MetaCommand::DeleteTopic { name: name.into() }).await?;
+        self.see_topic(name).await;
+        let heads = self.meta.read(|meta| {
+            let topic = meta.0.topic_by_name(name)?;
+            let heads: Vec<SegmentKey> = topic
+                .active_ranges()
+                .filter_map(|range| {
+                    range.active_segment_id().map(|segment_id| SegmentKey {
+                        topic_id: topic.topic_id,
+                        range_id: range.range_id,
+                        segment_id,
+                    })
+                })
+                .collect();
+            Some(heads)
+        });
+        let Some(heads) = heads else { return Err(LogError::NoSuchTopic) };
+        for &key in &heads {
+            self.seal_anywhere(key).await?;
+        }
+        let fenced_heads = heads.iter().map(|key| key.segment_id).collect();
+        let command = MetaCommand::DeleteFencedTopic { name: name.into(), fenced_heads };
+        let response = self.propose_meta(command).await?;
         let MetaResponse::TopicDeleted { topic_id, .. } = response else {
             unreachable!("delete_topic answers TopicDeleted");
         };
@@ -155,7 +179,7 @@ impl Broker {
         })?;
         for (range_id, segment_id) in heads {
             let key = SegmentKey { topic_id: info.topic_id, range_id, segment_id };
-            let records = self.segment_end(key).await.ok().flatten().unwrap_or(0);
+            let records = self.segment_end(key).await.ok().flatten().map_or(0, |end| end.offset);
             if let Some(range) = info.ranges.iter_mut().find(|range| range.range_id == range_id) {
                 range.records += records;
             }

@@ -544,6 +544,13 @@ impl Client {
         Ok(call!(self, ClusterStatus(Empty)))
     }
 
+    /// Key 71 (admin): decommissions broker `node_id`; `force` even while it holds sealed
+    /// segments. Send it through another broker than the one removed.
+    pub async fn remove_broker(&self, node_id: u64, force: bool) -> Result<(), ClientError> {
+        call!(self, RemoveBroker(RemoveBrokerRequest { node_id, force }));
+        Ok(())
+    }
+
     #[cfg(test)]
     pub(crate) fn set_next_corr(&self, corr: u32) {
         self.connection.set_next_corr(corr);

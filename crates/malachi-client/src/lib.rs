@@ -1,5 +1,5 @@
 //! An async client for Malachi's binary protocol (`shared/spec/wire-protocol.md`, plus our keys
-//! 64–70 of `docs/protocol.md`), over the shared codec of `malachi-wire`.
+//! 64–71 of `docs/protocol.md`), over the shared codec of `malachi-wire`.
 //!
 //! What this crate owns: one TCP connection per [`Client`], many requests in flight on it at
 //! once (a writer task, a reader task, and a map from `corr` to the waiting call), login on

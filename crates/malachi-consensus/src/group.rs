@@ -429,6 +429,32 @@ impl<M: StateMachine> RaftGroup<M> {
         Ok(())
     }
 
+    /// Takes `node_id` out of the group's voters, keeping it as a learner (`keep_learner`, so
+    /// it still holds the metadata) or removing it entirely. Only on the leader; a node that is
+    /// no voter (or no member) is left as it is.
+    pub async fn remove_member(
+        &self,
+        node_id: u64,
+        keep_learner: bool,
+    ) -> Result<(), ConsensusError> {
+        let _one_at_a_time = self.membership_lock.lock().await;
+        if self.voters().contains(&node_id) {
+            let change = openraft::ChangeMembers::RemoveVoters(BTreeSet::from([node_id]));
+            self.raft
+                .change_membership(change, keep_learner)
+                .await
+                .map_err(|error| self.write_failure(error))?;
+        }
+        if !keep_learner && self.learners().contains(&node_id) {
+            let change = openraft::ChangeMembers::RemoveNodes(BTreeSet::from([node_id]));
+            self.raft
+                .change_membership(change, false)
+                .await
+                .map_err(|error| self.write_failure(error))?;
+        }
+        Ok(())
+    }
+
     fn write_failure(
         &self,
         error: RaftError<Config<M>, ClientWriteError<Config<M>>>,

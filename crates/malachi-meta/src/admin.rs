@@ -157,6 +157,16 @@ pub enum AdminCommand {
     RegisterBroker {
         broker: BrokerRecord,
     },
+    /// Marks a registered broker as leaving (decommissioned): it takes no new segments and no
+    /// voter seat, and the groups' leaders move its seats to others. `leaving: false` undoes it.
+    SetBrokerLeaving {
+        node_id: u64,
+        leaving: bool,
+    },
+    /// Forgets a broker that left; refused unless it was marked leaving first.
+    RemoveBroker {
+        node_id: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +209,10 @@ pub enum AdminResponse {
     BrokerRegistered {
         changed: bool,
     },
+    BrokerLeavingSet {
+        changed: bool,
+    },
+    BrokerRemoved,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -222,6 +236,9 @@ pub struct AdminState {
     /// The cluster's brokers by node id. Absent from snapshots taken before it existed.
     #[serde(default)]
     brokers: BTreeMap<u64, BrokerRecord>,
+    /// Registered brokers being decommissioned.
+    #[serde(default)]
+    leaving: BTreeSet<u64>,
 }
 
 impl Default for AdminState {
@@ -243,6 +260,7 @@ impl AdminState {
             lockout_entries: 0,
             seeded: BTreeSet::new(),
             brokers: BTreeMap::new(),
+            leaving: BTreeSet::new(),
         }
     }
 
@@ -279,6 +297,10 @@ impl AdminState {
             }
             AdminCommand::RecordSeeded { username } => self.record_seeded(username),
             AdminCommand::RegisterBroker { broker } => self.register_broker(broker),
+            AdminCommand::SetBrokerLeaving { node_id, leaving } => {
+                self.set_broker_leaving(node_id, leaving)
+            }
+            AdminCommand::RemoveBroker { node_id } => self.remove_broker(node_id),
         };
         if result.is_ok() {
             self.version += 1;
@@ -333,6 +355,9 @@ impl AdminState {
         }
         if self.brokers.len() > BROKERS_MAX {
             return violation("more brokers than the limit");
+        }
+        if self.leaving.iter().any(|id| !self.brokers.contains_key(id)) {
+            return violation("a broker marked leaving is not registered");
         }
         Ok(())
     }

@@ -21,6 +21,13 @@ pub enum MetaCommand {
     DeleteTopic {
         name: String,
     },
+    /// `DeleteTopic` behind the seal-first fence: `fenced_heads` are the topic's active segments
+    /// the data plane sealed first (in any order); refused (`unfenced`) unless they are exactly
+    /// its active segments now, so that no broker can still take appends into a deleted topic.
+    DeleteFencedTopic {
+        name: String,
+        fenced_heads: Vec<u64>,
+    },
     SplitRange(SplitRange),
     MergeRanges(MergeRanges),
     RollSegment(RollSegment),

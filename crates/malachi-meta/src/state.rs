@@ -89,6 +89,9 @@ impl MetaState {
         match command {
             MetaCommand::CreateTopic(create) => self.create_topic(create),
             MetaCommand::DeleteTopic { name } => self.delete_topic(&name),
+            MetaCommand::DeleteFencedTopic { name, fenced_heads } => {
+                self.delete_fenced_topic(&name, fenced_heads)
+            }
             MetaCommand::SplitRange(split) => self.split_range(split),
             MetaCommand::MergeRanges(merge) => self.merge_ranges(merge),
             MetaCommand::RollSegment(roll) => self.roll_segment(roll),

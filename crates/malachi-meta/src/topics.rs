@@ -98,6 +98,27 @@ impl MetaState {
         Ok(count.trailing_zeros())
     }
 
+    /// Deletes a topic whose active heads the data plane sealed: exactly `fenced_heads`.
+    pub(crate) fn delete_fenced_topic(
+        &mut self,
+        name: &str,
+        mut fenced_heads: Vec<u64>,
+    ) -> Result<MetaResponse, MetaError> {
+        validate_topic_name(name)?;
+        self.check_owns_name(name)?;
+        let topic = self.topic_by_name(name).ok_or(TopicError::NoSuchTopic)?;
+        let mut heads: Vec<u64> =
+            topic.active_ranges().filter_map(|range| range.active_segment_id()).collect();
+        heads.sort_unstable();
+        fenced_heads.sort_unstable();
+        if heads != fenced_heads {
+            // A head moved after the fence (a roll): fence again.
+            let range_id = topic.active_ranges().next().map_or(0, |range| range.range_id);
+            return Err(crate::error::RangeError::Unfenced { range_id }.into());
+        }
+        self.delete_topic(name)
+    }
+
     pub(crate) fn delete_topic(&mut self, name: &str) -> Result<MetaResponse, MetaError> {
         validate_topic_name(name)?;
         self.check_owns_name(name)?;

@@ -1,4 +1,4 @@
-//! Malachi's own keys 64-70 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
+//! Malachi's own keys 64-71 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
 //! and create with an initial range count. The original protocol has no keys for these.
 
 use malachi_meta::Operation;
@@ -42,6 +42,15 @@ pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Requ
             create(connection, text(&request.topic), request.initial_ranges).await
         }
         Request::ClusterStatus(_) => Ok(cluster_status(connection)),
+        Request::RemoveBroker(request) => {
+            match connection.broker.decommission(request.node_id, request.force).await {
+                Ok(()) => Ok(Response::RemoveBroker(Empty)),
+                Err(error) => {
+                    tracing::info!(node_id = request.node_id, %error, "remove_broker refused");
+                    Err(error.reason().to_string())
+                }
+            }
+        }
         _ => Err(Reason::UnknownApiKey.as_str().to_string()),
     };
     match outcome {

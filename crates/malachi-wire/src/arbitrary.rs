@@ -186,6 +186,11 @@ pub(crate) fn arb_request_for(key: ApiKey) -> BoxedStrategy<Request> {
             })
             .boxed(),
         ApiKey::ClusterStatus => Just(Request::ClusterStatus(Empty)).boxed(),
+        ApiKey::RemoveBroker => (any::<u64>(), any::<bool>())
+            .prop_map(|(node_id, force)| {
+                Request::RemoveBroker(RemoveBrokerRequest { node_id, force })
+            })
+            .boxed(),
     }
 }
 
@@ -321,6 +326,7 @@ pub(crate) fn arb_response_for(key: ApiKey) -> BoxedStrategy<Response> {
             .boxed(),
         ApiKey::CreateTopicRanges => Just(Response::CreateTopicRanges(Empty)).boxed(),
         ApiKey::ClusterStatus => arb_cluster_status().prop_map(Response::ClusterStatus).boxed(),
+        ApiKey::RemoveBroker => Just(Response::RemoveBroker(Empty)).boxed(),
         ApiKey::StreamAck | ApiKey::Append | ApiKey::ConsumeAck => {
             unreachable!("{key} has no ok reply; callers filter with has_reply")
         }

@@ -1,4 +1,4 @@
-//! Golden vectors for Malachi's own keys 64–70, one request and one ok answer each, in the
+//! Golden vectors for Malachi's own keys 64–71, one request and one ok answer each, in the
 //! notation of section 6 (`docs/protocol.md` repeats them). Computed by a small independent
 //! Python encoder written from the layouts in `docs/protocol.md`; they pin the bytes so the
 //! server, the client and the document cannot drift apart.
@@ -185,6 +185,12 @@ fn vectors() -> Vec<(&'static str, &'static str, Golden)> {
             ),
         ),
         (
+            "E14 remove_broker request, broker 3, force",
+            "0000000f 0047 0000001b 0000000000000003 01",
+            request(27, Request::RemoveBroker(RemoveBrokerRequest { node_id: 3, force: true })),
+        ),
+        ("E15 remove_broker ok", "00000006 0000001b 0000", ok(27, Response::RemoveBroker(Empty))),
+        (
             "E13 split_range refused",
             "00000016 00000017 0001 01 0000000b 6e6f745f62756464696573",
             Golden::Response(
@@ -249,9 +255,9 @@ fn extension_payloads_are_exact() {
             malformed(ApiKey::CreateTopicRanges, 4, DecodeError::InvalidStrFlag { flag: 2 }),
         ),
         (
-            "key 71 is unknown",
-            "0047 00000005",
-            RequestError::UnknownApiKey { api_key: 71, corr: 5 },
+            "key 72 is unknown",
+            "0048 00000005",
+            RequestError::UnknownApiKey { api_key: 72, corr: 5 },
         ),
     ];
     for (name, body, expected) in cases {

@@ -137,6 +137,13 @@ reasons! {
     NoSuchRange = "no_such_range",
     /// A split or merge of a range that is already sealed.
     RangeSealed = "range_sealed",
+    /// Malachi: `remove_broker` names a broker the cluster has not registered.
+    NoSuchBroker = "no_such_broker",
+    /// Malachi: `remove_broker` of a broker that still holds sealed segments, without `force`
+    /// (each segment has one copy until segments are replicated).
+    BrokerHoldsSegments = "broker_holds_segments",
+    /// Malachi: `remove_broker` sent to the broker it names; send it through another.
+    CannotRemoveSelf = "cannot_remove_self",
 }
 
 /// The full text of the policy `timeout` reason (section 3.5).

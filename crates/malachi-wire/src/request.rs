@@ -102,6 +102,7 @@ requests! {
     CreateTopicRanges(CreateTopicRangesRequest),
     /// The payload must be empty.
     ClusterStatus(Empty),
+    RemoveBroker(RemoveBrokerRequest),
 }
 
 /// A request body split into its envelope fields, the payload not yet decoded.

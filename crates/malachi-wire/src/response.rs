@@ -104,6 +104,7 @@ responses! {
         MergeRanges(MergeRangesResponse),
         CreateTopicRanges(Empty),
         ClusterStatus(ClusterStatusResponse),
+        RemoveBroker(Empty),
     }
     no_reply { StreamAck, Append, ConsumeAck }
 }

@@ -45,6 +45,35 @@ impl AdminState {
         self.brokers.get(&node_id)
     }
 
+    /// Whether `node_id` is being decommissioned.
+    pub fn broker_leaving(&self, node_id: u64) -> bool {
+        self.leaving.contains(&node_id)
+    }
+
+    pub(super) fn set_broker_leaving(
+        &mut self,
+        node_id: u64,
+        leaving: bool,
+    ) -> Result<AdminResponse, AdminError> {
+        if !self.brokers.contains_key(&node_id) {
+            return Err(AdminError::InvalidBroker(format!("no broker {node_id} is registered")));
+        }
+        let changed =
+            if leaving { self.leaving.insert(node_id) } else { self.leaving.remove(&node_id) };
+        Ok(AdminResponse::BrokerLeavingSet { changed })
+    }
+
+    pub(super) fn remove_broker(&mut self, node_id: u64) -> Result<AdminResponse, AdminError> {
+        if !self.leaving.contains(&node_id) {
+            return Err(AdminError::InvalidBroker(format!(
+                "broker {node_id} is not marked leaving; decommission it first"
+            )));
+        }
+        self.leaving.remove(&node_id);
+        self.brokers.remove(&node_id);
+        Ok(AdminResponse::BrokerRemoved)
+    }
+
     pub(super) fn register_broker(
         &mut self,
         broker: BrokerRecord,
@@ -140,6 +169,34 @@ mod tests {
         // A record from before membership has no gossip address, and is valid.
         register(&mut state, no_gossip).unwrap();
         assert_eq!(state.brokers().count(), 2);
+    }
+
+    /// A broker leaves in two steps: marked leaving, then removed; never removed unmarked.
+    #[test]
+    fn a_broker_is_marked_leaving_before_it_is_removed() {
+        let mut state = AdminState::default();
+        state.register_broker(broker(1, "h:1")).unwrap();
+        state.register_broker(broker(2, "h:2")).unwrap();
+        let leave = |node_id, leaving| AdminCommand::SetBrokerLeaving { node_id, leaving };
+        let remove = |node_id| AdminCommand::RemoveBroker { node_id };
+        let steps = [
+            (remove(2), "invalid_broker"),
+            (leave(3, true), "invalid_broker"),
+            (leave(2, true), "ok"),
+            (leave(2, false), "ok"),
+            (remove(2), "invalid_broker"),
+            (leave(2, true), "ok"),
+            (remove(2), "ok"),
+            (remove(2), "invalid_broker"),
+        ];
+        for (at, (command, expected)) in steps.into_iter().enumerate() {
+            let outcome = state.apply(command);
+            let got = outcome.as_ref().map_or_else(|error| error.reason(), |_| "ok".into());
+            assert_eq!(got, expected, "step {at}");
+            state.check_invariants().unwrap();
+        }
+        assert!(state.broker(2).is_none() && !state.broker_leaving(2));
+        assert_eq!(state.brokers().count(), 1);
     }
 
     #[test]

@@ -248,3 +248,22 @@ fn files_created_are_recorded_once_per_replica() {
         assert_eq!(state.segment(segment_id).unwrap().created_on, vec![1]);
     }
 }
+
+/// A fenced delete goes only when the heads sealed are exactly the topic's active segments.
+#[test]
+fn a_fenced_delete_needs_every_head_sealed() {
+    let (mut state, _) = with_topic("orders", Some(2));
+    let topic = state.topic_by_name("orders").unwrap();
+    let heads: Vec<u64> = topic.active_ranges().filter_map(|r| r.active_segment_id()).collect();
+    assert_eq!(heads.len(), 2);
+    let delete = |fenced_heads: Vec<u64>| MetaCommand::DeleteFencedTopic {
+        name: "orders".into(),
+        fenced_heads,
+    };
+    assert_refused(&mut state, delete(vec![heads[0]]), "unfenced");
+    assert_refused(&mut state, delete(vec![heads[0], heads[1], 99]), "unfenced");
+    let reversed = vec![heads[1], heads[0]];
+    let deleted = apply_ok(&mut state, delete(reversed));
+    assert!(matches!(deleted, MetaResponse::TopicDeleted { .. }), "{deleted:?}");
+    assert_refused(&mut state, delete(Vec::new()), "no_such_topic");
+}

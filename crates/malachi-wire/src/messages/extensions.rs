@@ -1,4 +1,4 @@
-//! Malachi's own keys, 64–70: topic listing, description, deletion, and the reshard operations
+//! Malachi's own keys, 64–71: topic listing, description, deletion, and the reshard operations
 //! (split, merge, create with several ranges). The original protocol has nothing for these, so
 //! an original client never sends them; they are numbered well above the original's 0..=34 so
 //! that a later original key cannot collide. Layouts follow the same rules as every other key:
@@ -104,6 +104,28 @@ pub struct MergeRangesResponse {
 pub struct CreateTopicRangesRequest {
     pub topic: Option<Bytes>,
     pub initial_ranges: u32,
+}
+
+/// Key 71 (admin): decommission a broker. The answer is empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemoveBrokerRequest {
+    pub node_id: u64,
+    /// Remove it even while it holds sealed segments. A byte other than 0 or 1 is malformed.
+    pub force: bool,
+}
+
+impl Wire for RemoveBrokerRequest {
+    const WIRE_BYTES_MIN: usize = 8 + 1;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(self.node_id);
+        writer.bool(self.force);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(RemoveBrokerRequest { node_id: reader.u64()?, force: reader.bool()? })
+    }
 }
 
 /// Key 70's ok answer (the request payload must be empty): the cluster as the answering broker
@@ -410,5 +432,6 @@ mod tests {
         assert_minimal("ClusterStatusResponse", &ClusterStatusResponse::default());
         assert_minimal("ClusterBroker", &ClusterBroker::default());
         assert_minimal("ClusterGroup", &ClusterGroup::default());
+        assert_minimal("RemoveBrokerRequest", &RemoveBrokerRequest::default());
     }
 }

@@ -1,5 +1,5 @@
 //! `malachi cluster status`: the brokers of the cluster and its Raft groups, as the broker
-//! answering sees them (key 70, admin).
+//! answering sees them (key 70, admin); `malachi cluster remove`: decommission one (key 71).
 
 use clap::Subcommand;
 use malachi_client::{ClusterBroker, ClusterGroup, ClusterStatusResponse};
@@ -21,6 +21,15 @@ enum ClusterCommand {
     /// Show the brokers (status, addresses, attributes) and the Raft groups (leader, term,
     /// voters) as the broker answering sees them (admin).
     Status,
+    /// Decommission a broker: its voter seats move to other brokers, the write heads it holds
+    /// roll onto others, then the cluster forgets it (admin; send it through another broker).
+    Remove {
+        broker: u64,
+        /// Remove it even while it holds sealed segments: each has one copy until segments are
+        /// replicated, so their records go with the broker.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 pub async fn run(args: ClusterArgs) -> Result<(), String> {
@@ -30,6 +39,11 @@ pub async fn run(args: ClusterArgs) -> Result<(), String> {
             let status = session.client.cluster_status().await;
             let status = status.map_err(|error| session.fail("cluster status", &error))?;
             print!("{}", status_text(&status));
+        }
+        ClusterCommand::Remove { broker, force } => {
+            let removed = session.client.remove_broker(broker, force).await;
+            removed.map_err(|error| session.fail("cluster remove", &error))?;
+            println!("removed broker {broker} from the cluster");
         }
     }
     Ok(())

@@ -188,6 +188,11 @@ fn hint(reason: Reason, topic: Option<&str>, context: &Context) -> Option<String
         ),
         Reason::DiskFull => "free space on the broker's data disk".into(),
         Reason::StorageFailed => "the broker's storage failed; see its log".into(),
+        Reason::NoSuchBroker => "`malachi cluster status` lists the brokers".into(),
+        Reason::BrokerHoldsSegments => {
+            "its sealed segments have no other copy; --force removes it with them".into()
+        }
+        Reason::CannotRemoveSelf => "send it through another broker (--server)".into(),
         _ => return None,
     };
     Some(text)
@@ -230,6 +235,7 @@ mod tests {
             "policy unbind orders",
             "policy get orders",
             "cluster status --server 127.0.0.1:4140",
+            "cluster remove 3 --force",
         ];
         for line in lines {
             let words = std::iter::once("malachi").chain(line.split_whitespace());
