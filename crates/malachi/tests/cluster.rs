@@ -72,12 +72,21 @@ impl Drop for Member {
 }
 
 /// Retries `check` for up to 10 s: a follower applies what its leader committed a moment later.
-async fn eventually<F, Fut>(what: &str, mut check: F)
+async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    eventually_within(what, 10, check).await
+}
+
+/// Retries `check` for up to `seconds`.
+async fn eventually_within<F, Fut>(what: &str, seconds: u64, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(seconds);
     loop {
         match check().await {
             Ok(()) => return,
@@ -536,5 +545,91 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
     for (at, member) in members.iter().enumerate() {
         let reshaped = member.process.log().contains("reshaped");
         assert_eq!(reshaped, at as u64 + 1 == leader, "broker {} logged a reshape", at + 1);
+    }
+}
+
+/// Seats follow the brokers: the vnode seat of a broker dead longer than
+/// MALACHI_VOTER_REPLACE_AFTER_MS moves to a live learner, and `cluster remove` decommissions a
+/// voter (its seats move, then the cluster forgets it) while metadata and data keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seats_move_off_dead_and_removed_brokers() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("MALACHI_VOTER_REPLACE_AFTER_MS", "1000")];
+    let mut members = start_cluster_with(dir.path(), 4, &env);
+    let mut clients = Vec::new();
+    for member in &members {
+        clients.push(member.admin().await);
+    }
+    let seats = |status: &malachi_client::ClusterStatusResponse, group_id: u64| {
+        let group = status.groups.iter().find(|group| group.group_id == group_id);
+        group.map(|group| (group.voters.clone(), group.learners.clone(), group.leader))
+    };
+    // Which three brokers vote in the vnode depends on the order the joiners were admitted.
+    eventually("four brokers: all vote in admin, three in the vnode", || async {
+        let status = clients[0].cluster_status().await.map_err(|e| e.to_string())?;
+        let (admin, vnode_now) = (seats(&status, 0), seats(&status, 1));
+        let settled = admin.is_some_and(|(voters, _, _)| voters == [1, 2, 3, 4])
+            && vnode_now.as_ref().is_some_and(|(voters, learners, leader)| {
+                voters.len() == 3 && learners.len() == 1 && *leader != 0
+            });
+        if settled { Ok(()) } else { Err(format!("{status:?}")) }
+    })
+    .await;
+    let status = clients[0].cluster_status().await.unwrap();
+    let (voters, learners, leader) = seats(&status, 1).expect("the vnode group");
+    let learner = learners[0];
+    let victim = *voters.iter().find(|&&id| id != 1 && id != leader).expect("a follower voter");
+    clients[0].create_topic("kept").await.unwrap();
+    produce_and_read_back(&clients[0], "kept", 10).await;
+
+    // The victim dies: its vnode seat goes to the learner once membership held it dead 1 s.
+    members[victim as usize - 1].kill();
+    let mut expected: Vec<u64> = voters.iter().copied().filter(|&id| id != victim).collect();
+    expected.push(learner);
+    expected.sort_unstable();
+    let killed_at = Instant::now();
+    eventually_within("the dead broker's seat moves to the learner", 30, || async {
+        let status = clients[0].cluster_status().await.map_err(|e| e.to_string())?;
+        let now = seats(&status, 1).map(|(voters, _, _)| voters);
+        if now.as_ref() == Some(&expected) { Ok(()) } else { Err(format!("{status:?}")) }
+    })
+    .await;
+    eprintln!(
+        "broker {victim}'s vnode seat moved to {learner} {:?} after the kill",
+        killed_at.elapsed()
+    );
+    clients[0].create_topic("after-move").await.unwrap();
+    members[victim as usize - 1].start();
+    clients[victim as usize - 1] = members[victim as usize - 1].admin().await;
+
+    // Refusals name their cause.
+    let unknown = clients[0].remove_broker(99, false).await.unwrap_err();
+    assert_eq!(unknown.reason(), Some(malachi_client::Reason::NoSuchBroker), "{unknown}");
+    let removed = *expected.iter().find(|&&id| id != 1).expect("another voter");
+    let itself = clients[removed as usize - 1].remove_broker(removed, false).await.unwrap_err();
+    assert_eq!(itself.reason(), Some(malachi_client::Reason::CannotRemoveSelf), "{itself}");
+
+    // A vnode voter is decommissioned through broker 1: its seats move (the restarted victim
+    // is the learner now), then it is forgotten.
+    clients[0].remove_broker(removed, true).await.unwrap();
+    let remaining: Vec<u64> = (1..=4).filter(|&id| id != removed).collect();
+    eventually("the removed broker is gone from the cluster", || async {
+        let status = clients[0].cluster_status().await.map_err(|e| e.to_string())?;
+        let brokers: Vec<u64> = status.brokers.iter().map(|broker| broker.node_id).collect();
+        let gone = brokers == remaining
+            && status.groups.iter().all(|group| {
+                !group.voters.contains(&removed) && !group.learners.contains(&removed)
+            })
+            && seats(&status, 1).is_some_and(|(voters, _, _)| voters.len() == 3);
+        if gone { Ok(()) } else { Err(format!("{status:?}")) }
+    })
+    .await;
+    for &id in &remaining {
+        let topic = format!("after-remove-{id}");
+        let client = &clients[id as usize - 1];
+        client.create_topic(&topic).await.unwrap();
+        produce_and_read_back(client, &topic, 10).await;
+        let topics = client.list_topics().await.unwrap();
+        assert!(topics.contains(&"after-move".to_string()), "{topics:?}");
     }
 }
