@@ -138,7 +138,7 @@ impl Broker {
     /// Splits a range (an operator's request): carried out by the coordinator, here or on the
     /// leader. Returns the two halves.
     pub async fn split(&self, topic: &str, range_id: u32) -> Result<[u32; 2], LogError> {
-        self.see_topic(topic).await;
+        self.see_topic(topic).await?;
         let topic_id = self.topic_id(topic)?;
         let ranges = self.reshape(Ask::Split { topic_id, range_id }).await?;
         ranges.try_into().map_err(|_| LogError::Unavailable("a split answered no halves".into()))
@@ -146,7 +146,7 @@ impl Broker {
 
     /// Merges two buddy ranges (an operator's request), as [`Broker::split`].
     pub async fn merge(&self, topic: &str, left: u32, right: u32) -> Result<u32, LogError> {
-        self.see_topic(topic).await;
+        self.see_topic(topic).await?;
         let topic_id = self.topic_id(topic)?;
         let ranges = self.reshape(Ask::Merge { topic_id, left, right }).await?;
         ranges.first().copied().ok_or(LogError::Unavailable("a merge answered no range".into()))

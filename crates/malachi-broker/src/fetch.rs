@@ -92,42 +92,63 @@ pub fn wire_bytes(record: &Record) -> u64 {
     key + 4 + record.value.len() as u64 + 8 + 4 + headers
 }
 
+/// What one pass of a fetch came to.
+enum Pass {
+    Page(FetchPage),
+    /// Nothing to read, and this broker found its metadata behind the topic's (a head sealed
+    /// where it is held, a segment already removed there): catch up and read again.
+    Behind,
+}
+
 impl Broker {
+    /// Reads a page. A broker whose metadata lags (cut off, or a moment behind) must not answer
+    /// an empty page where a reader through another broker would find records, nor read a
+    /// deleted incarnation of a topic in place of the new one: once a pass finds it is behind,
+    /// it takes a read barrier and reads again with the name resolved anew, and a barrier it
+    /// cannot take is `metadata_unavailable`, never an empty page.
     pub async fn fetch(&self, args: &FetchArgs<'_>) -> Result<FetchPage, LogError> {
+        self.see_topic(args.topic).await?;
+        if let Pass::Page(page) = self.fetch_pass(args, false).await? {
+            return Ok(page);
+        }
+        self.meta.read_barrier().await.map_err(|error| {
+            LogError::Unavailable(format!(
+                "this broker's metadata is behind topic {}'s, and {error}",
+                args.topic
+            ))
+        })?;
+        match self.fetch_pass(args, true).await? {
+            Pass::Page(page) => Ok(page),
+            Pass::Behind => unreachable!("a caught-up pass answers a page"),
+        }
+    }
+
+    async fn fetch_pass(&self, args: &FetchArgs<'_>, caught_up: bool) -> Result<Pass, LogError> {
         let max = clamp_max(args.max);
         let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
-        self.see_topic(args.topic).await;
         let Some(topic) = self.meta.read(|meta| meta.0.topic_by_name(args.topic).cloned()) else {
             // The original answers an unknown topic with an empty page.
-            return Ok(FetchPage::default());
+            return Ok(Pass::Page(FetchPage::default()));
         };
         let mut frontier = self.start_frontier(&topic, args)?;
         let mut produced = self.notifier.subscribe(topic.topic_id);
         // The runtime's timer, not a clock read: under the simulator's paused time it is virtual.
         let deadline = tokio::time::sleep(Duration::from_millis(u64::from(wait_ms)));
         tokio::pin!(deadline);
-        let mut caught_up = false;
         loop {
             let Some(topic) = self.meta.read(|meta| meta.0.topic(topic.topic_id).cloned()) else {
                 // Deleted while we waited: an empty page, as for a topic that never existed.
-                return Ok(FetchPage::default());
+                return Ok(Pass::Page(FetchPage::default()));
             };
             let (records, skipped, behind) =
                 self.read_frontier(&topic, &mut frontier, max, args.total_max).await?;
             if records.is_empty() && behind && !caught_up {
-                // This broker is behind a range's moves (a roll, a split applied elsewhere
-                // first): catch up once and read again, rather than answer an empty page to a
-                // client that produced past it through another broker.
-                caught_up = true;
-                if let Err(error) = self.meta.read_barrier().await {
-                    tracing::debug!(%error, "read barrier for a moved head failed");
-                }
-                continue;
+                return Ok(Pass::Behind);
             }
             if !records.is_empty() || wait_ms == 0 || deadline.is_elapsed() {
                 let cursor = Cursor { topic_id: topic.topic_id, positions: frontier };
                 let next_cursor = self.mint_cursor(&cursor)?;
-                return Ok(FetchPage { records, next_cursor, skipped });
+                return Ok(Pass::Page(FetchPage { records, next_cursor, skipped }));
             }
             let parked = self.notifier.park(topic.topic_id);
             tokio::select! {
@@ -259,13 +280,17 @@ impl Broker {
                         range_id,
                         segment_id: span.segment_id,
                     };
-                    // Rolled, split or deleted since we looked: nothing more to read here.
+                    // Rolled, split or deleted where it is held: this broker's metadata is
+                    // behind, nothing more to read here until it catches up.
                     match self.segment_end(key).await? {
                         Some(end) => {
                             read.behind |= end.sealed;
                             end.offset
                         }
-                        None => 0,
+                        None => {
+                            read.behind = true;
+                            0
+                        }
                     }
                 }
             };
@@ -292,6 +317,9 @@ impl Broker {
             let Some(records) = self.read_segment(key, from, wanted, bytes_left).await? else {
                 // Metadata dropped it after we looked (retention): count it as expired. A
                 // segment metadata still lists but whose file is missing is damage instead.
+                // Where it is held it may have gone while this broker's metadata lags (a
+                // deleted topic's): behind, so an empty page is read again after a barrier.
+                read.behind = true;
                 read.skipped += end - offset;
                 offset = end;
                 continue;

@@ -109,7 +109,7 @@ impl Broker {
         cursor: Option<&[u8]>,
     ) -> Result<(), LogError> {
         let Some(text) = cursor else { return Ok(()) };
-        self.see_topic(topic).await;
+        self.see_topic(topic).await?;
         let topic = self
             .meta
             .read(|meta| meta.0.topic_by_name(topic).cloned())

@@ -54,7 +54,7 @@ impl Broker {
     ) -> Result<u32, LogError> {
         let count =
             u32::try_from(records.len()).map_err(|_| LogError::Limit(too_many(records.len())))?;
-        self.see_topic(topic).await;
+        self.see_topic(topic).await?;
         let topic_id = self.topic_id(topic)?;
         if records.is_empty() {
             return Ok(0);

@@ -75,7 +75,7 @@ impl Broker {
     /// appends to a topic already deleted, records nobody could ever read.
     pub async fn delete_topic(&self, name: &str) -> Result<(), LogError> {
         let _reshape = self.reshape_lock.lock().await;
-        self.see_topic(name).await;
+        self.see_topic(name).await?;
         let heads = self.meta.read(|meta| {
             let topic = meta.0.topic_by_name(name)?;
             let heads: Vec<SegmentKey> = topic
@@ -139,7 +139,7 @@ impl Broker {
     /// (damaged), or whose holder cannot be reached, counts as empty here; reads of it answer
     /// why.
     pub async fn describe_topic(&self, name: &str) -> Result<TopicInfo, LogError> {
-        self.see_topic(name).await;
+        self.see_topic(name).await?;
         let (mut info, heads) = self.meta.read(|meta| {
             let topic = meta.0.topic_by_name(name).ok_or(LogError::NoSuchTopic)?;
             let mut heads = Vec::new();
@@ -204,15 +204,17 @@ impl Broker {
     /// In a cluster, a topic unknown here may only be unknown *yet*: created a moment ago
     /// through another broker and not applied here. A read barrier catches this broker up
     /// before a caller answers `no_such_topic` (a client that created a topic through one broker
-    /// may produce to it through another at once).
-    pub(crate) async fn see_topic(&self, name: &str) {
+    /// may produce to it through another at once). If the barrier cannot be taken (no leader
+    /// reachable), the answer is `metadata_unavailable`, never a definite `no_such_topic`: a
+    /// client told a topic does not exist may act on it (delete is done, create anew).
+    pub(crate) async fn see_topic(&self, name: &str) -> Result<(), LogError> {
         let unknown = self.meta.read(|meta| meta.0.topic_by_name(name).is_none());
-        if self.cluster.is_some()
-            && unknown
-            && let Err(error) = self.meta.read_barrier().await
-        {
-            tracing::debug!(topic = name, %error, "read barrier for an unknown topic failed");
+        if self.cluster.is_none() || !unknown {
+            return Ok(());
         }
+        self.meta.read_barrier().await.map_err(|error| {
+            LogError::Unavailable(format!("topic {name} unknown here, and {error}"))
+        })
     }
 
     pub(crate) fn topic_id(&self, name: &str) -> Result<u64, LogError> {
