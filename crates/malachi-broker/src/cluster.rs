@@ -18,7 +18,8 @@ use malachi_meta::{AdminCommand, BrokerRecord};
 use malachi_transport::{Handler, HandlerFuture, Request, Service, Transport};
 use serde::{Deserialize, Serialize};
 
-use crate::node::{ADMIN_GROUP_ID, Broker, VNODE_GROUP_ID};
+use crate::node::{ADMIN_GROUP_ID, Broker};
+use crate::vnodes::ROOT_GROUP_ID;
 
 /// Cluster calls (`Service::Cluster`), by `kind`. The codes are wire values; never reuse one.
 pub const CALL_WELCOME: u8 = 1;
@@ -41,6 +42,10 @@ pub struct Welcome {
     /// The cluster's cursor secret: a cursor one broker issued must verify on every other.
     pub cursor_secret: [u8; 32],
     pub brokers: Vec<BrokerRecord>,
+    /// The ring's size, so a joining broker opens every vnode before the leaders add it.
+    /// Absent from the welcome of a broker from before the ring: one vnode.
+    #[serde(default)]
+    pub vnodes: Option<u32>,
 }
 
 /// A request to add a broker to one group, sent to that group's leader.
@@ -155,13 +160,15 @@ impl Broker {
         Err(format!("could not join the cluster: {last_error}"))
     }
 
-    /// Waits until this broker has applied its own registration and knows both groups'
-    /// leaders: from then on its reads include everything committed before it joined.
+    /// Waits until this broker has applied its own registration and knows every group's
+    /// leader: from then on its reads include everything committed before it joined.
     async fn wait_admitted(&self) -> Result<(), String> {
         const POLL_MS: u64 = 20;
         for _ in 0..JOIN_WAIT_MS / POLL_MS {
             let registered = self.admin.read(|admin| admin.0.broker(self.node_id).is_some());
-            let led = self.admin.leader().0.is_some() && self.meta.leader().0.is_some();
+            let led = self.admin.leader().0.is_some()
+                && self.root.leader().0.is_some()
+                && self.ring.iter().all(|vnode| vnode.group.leader().0.is_some());
             if registered && led {
                 return Ok(());
             }
@@ -175,8 +182,11 @@ impl Broker {
             .ok_or_else(|| format!("unknown Raft message kind {}", request.kind))?;
         let answer = match request.group_id {
             ADMIN_GROUP_ID => self.admin.handle_message(kind, &request.payload).await,
-            VNODE_GROUP_ID => self.meta.handle_message(kind, &request.payload).await,
-            other => return Err(format!("group {other} is not on this broker")),
+            ROOT_GROUP_ID => self.root.handle_message(kind, &request.payload).await,
+            group_id => match self.ring.by_group_id(group_id) {
+                Some(vnode) => vnode.group.handle_message(kind, &request.payload).await,
+                None => return Err(format!("group {group_id} is not on this broker")),
+            },
         };
         answer.map_err(|error| error.to_string())
     }
@@ -197,7 +207,7 @@ impl Broker {
             crate::coordinate::CALL_ROLL_WANTED
             | crate::coordinate::CALL_LOAD_REPORT
             | crate::coordinate::CALL_RESHAPE => {
-                return self.handle_coordination_call(&request.payload).await;
+                return self.handle_coordination_call(request.group_id, &request.payload).await;
             }
             other => return Err(format!("unknown cluster call {other}")),
         };
@@ -209,6 +219,7 @@ impl Broker {
             cluster_id: self.cluster.as_ref().map(|(_, id)| id.clone()).unwrap_or_default(),
             cursor_secret: self.cursors.secret(),
             brokers: self.brokers(),
+            vnodes: Some(self.ring.count()),
         }
     }
 
@@ -232,7 +243,7 @@ impl Broker {
         let (node_id, cluster_address) = (record.node_id, record.cluster_address.clone());
         let registered = self.admin.propose(AdminCommand::RegisterBroker { broker: record });
         registered.await.map_err(|error| error.to_string())?.map_err(|error| error.to_string())?;
-        for group_id in [ADMIN_GROUP_ID, VNODE_GROUP_ID] {
+        for group_id in self.group_ids() {
             let add = AddMember { group_id, node_id, cluster_address: cluster_address.clone() };
             self.add_to_group(add).await?;
         }
@@ -242,12 +253,14 @@ impl Broker {
 
     /// Adds a broker to a group if this broker leads it, or asks the leader to.
     async fn add_to_group(&self, add: AddMember) -> Result<(), String> {
+        let vnode_voters = self.config.cluster.vnode_voters;
         match add.group_id {
             ADMIN_GROUP_ID => self.add_member_to(&self.admin, ADMIN_VOTERS_MAX, add).await,
-            VNODE_GROUP_ID => {
-                self.add_member_to(&self.meta, self.config.cluster.vnode_voters, add).await
-            }
-            other => Err(format!("group {other} is not on this broker")),
+            ROOT_GROUP_ID => self.add_member_to(&self.root, vnode_voters, add).await,
+            group_id => match self.ring.by_group_id(group_id) {
+                Some(vnode) => self.add_member_to(&vnode.group, vnode_voters, add).await,
+                None => Err(format!("group {group_id} is not on this broker")),
+            },
         }
     }
 
@@ -285,6 +298,14 @@ impl Broker {
             .map_err(|error| error.to_string())
     }
 
+    /// Every Raft group on this broker: the administrative group, the root, the vnodes.
+    pub fn group_ids(&self) -> Vec<u64> {
+        [ADMIN_GROUP_ID, ROOT_GROUP_ID]
+            .into_iter()
+            .chain(self.ring.iter().map(|vnode| vnode.group_id()))
+            .collect()
+    }
+
     /// The cluster as this broker sees it, for `malachi cluster status` and `cluster_state`.
     pub fn cluster_view(&self) -> ClusterView {
         let group = |group_id, (leader, term): (Option<u64>, u64), voters, learners| GroupView {
@@ -307,15 +328,21 @@ impl Broker {
             node_id: self.node_id,
             cluster_id: self.cluster.as_ref().map(|(_, id)| id.clone()),
             brokers,
-            groups: vec![
+            groups: [
                 group(
                     ADMIN_GROUP_ID,
                     self.admin.leader(),
                     self.admin.voters(),
                     self.admin.learners(),
                 ),
-                group(VNODE_GROUP_ID, self.meta.leader(), self.meta.voters(), self.meta.learners()),
-            ],
+                group(ROOT_GROUP_ID, self.root.leader(), self.root.voters(), self.root.learners()),
+            ]
+            .into_iter()
+            .chain(self.ring.iter().map(|vnode| {
+                let raft = &vnode.group;
+                group(vnode.group_id(), raft.leader(), raft.voters(), raft.learners())
+            }))
+            .collect(),
         }
     }
 }

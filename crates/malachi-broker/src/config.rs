@@ -89,7 +89,11 @@ pub struct ClusterConfig {
     /// Inter-node addresses of brokers to join through (`MALACHI_LOG_NODES`, `host:port`
     /// separated by commas). Empty: this broker starts a cluster of its own.
     pub seeds: Vec<String>,
-    /// Voters of the vnode's Raft group (`MALACHI_LOG_VNODE_REPLICATION_FACTOR`).
+    /// Vnodes of the ring a cluster created by this broker gets (`MALACHI_LOG_VNODES`): each
+    /// is a Raft group of topic metadata with a leader that coordinates its topics. Fixed when
+    /// the cluster (or a broker alone) first starts.
+    pub vnodes: u32,
+    /// Voters of each vnode's Raft group (`MALACHI_LOG_VNODE_REPLICATION_FACTOR`).
     pub vnode_voters: usize,
     /// How long a voter's broker may be dead before its seat moves to a live broker
     /// (`MALACHI_VOTER_REPLACE_AFTER_MS`, ours).
@@ -316,8 +320,10 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
             seeds
         }
     };
+    let enabled = sources.raw("CLUSTER_PORT").is_some() || !seeds.is_empty();
     Ok(ClusterConfig {
-        enabled: sources.raw("CLUSTER_PORT").is_some() || !seeds.is_empty(),
+        enabled,
+        vnodes: vnodes(sources, enabled)?,
         port: sources.number("CLUSTER_PORT", 4042)?,
         gossip_port: sources.number("CLUSTER_GOSSIP_PORT", 45892)?,
         vnode_voters: vnode_voters(sources)?,
@@ -325,6 +331,19 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
         seeds,
     })
+}
+
+/// Vnodes on the ring: by default 8 for a cluster (with 3 to 5 brokers, 8 vnodes give every
+/// broker one to three vnodes to lead, so coordination and metadata writes spread, while each
+/// broker runs 8 groups' heartbeats, a few hundred small messages a second), and 1 for a broker
+/// alone, which gains nothing from more (one broker leads them all).
+fn vnodes(sources: &Sources<'_>, cluster: bool) -> Result<u32, ConfigError> {
+    let vnodes: u32 = sources.number("LOG_VNODES", if cluster { 8 } else { 1 })?;
+    malachi_meta::ring::check_ring(vnodes).map_err(|problem| ConfigError::OutOfRange {
+        name: "MALACHI_LOG_VNODES".into(),
+        problem,
+    })?;
+    Ok(vnodes)
 }
 
 /// Voters of a Raft group, odd so every majority is a strict one, and at most 7.

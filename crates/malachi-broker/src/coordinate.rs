@@ -3,9 +3,11 @@
 //! heads: asking the vnode's leader to roll a head (full, old, failed, found sealed) and
 //! reporting the append rates of the heads held here.
 //!
-//! A broker that does not lead the vnode decides nothing: it sends what it knows to the leader
-//! (`Service::Cluster` calls, below) and forwards an operator's split or merge there. Roll
-//! requests are carried out at once, not at the next tick, because producers wait on them.
+//! Each vnode has its own coordinator (`vnodes.rs`); a broker coordinates the vnodes it leads
+//! and no other. For a vnode it does not lead it decides nothing: it sends what it knows to that
+//! vnode's leader (`Service::Cluster` calls, below, naming the vnode's group) and forwards an
+//! operator's split or merge there. Roll requests are carried out at once, not at the next
+//! tick, because producers wait on them.
 
 use std::time::Duration;
 
@@ -16,7 +18,8 @@ use crate::coordinator::{Action, Decision};
 use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::load::Rate;
-use crate::node::{Broker, VNODE_GROUP_ID};
+use crate::node::Broker;
+use crate::vnodes::Vnode;
 
 /// Cluster calls of the coordinator (`Service::Cluster`), by `kind`; after `cluster.rs`'s.
 pub const CALL_ROLL_WANTED: u8 = 4;
@@ -45,33 +48,37 @@ enum Reshaped {
 }
 
 impl Broker {
-    /// The term this broker leads the vnode in now, after telling the coordinator.
-    fn observe_leadership(&self) -> Option<u64> {
-        let (leader, term) = self.meta.leader();
-        let mut coordinator = self.coordinator.lock().expect("coordinator lock poisoned");
+    /// The term this broker leads `vnode` in now, after telling its coordinator.
+    fn observe_leadership(&self, vnode: &Vnode) -> Option<u64> {
+        let (leader, term) = vnode.group.leader();
+        let mut coordinator = vnode.coordinator.lock().expect("coordinator lock poisoned");
         coordinator.leadership(leader == Some(self.node_id), term);
         coordinator.deciding_term()
     }
 
-    /// One pass of coordination, run on every maintenance tick: the holder's duties, then, on
-    /// the leader, the coordinator's decisions, carried out in turn.
+    /// One pass of coordination, run on every maintenance tick: the holder's duties, then, for
+    /// each vnode this broker leads, its coordinator's decisions, carried out in turn.
     pub async fn coordinate_once(&self) {
         self.roll_by_age().await;
         self.report_load().await;
-        if self.observe_leadership().is_none() {
-            return;
-        }
-        let now_ms = self.clock.now_ms();
-        let decisions = self.meta.read(|meta| {
-            self.coordinator.lock().expect("coordinator lock poisoned").tick(&meta.0, now_ms)
-        });
-        for decision in decisions {
-            self.carry_out(decision).await;
+        for vnode in self.ring.iter() {
+            if self.observe_leadership(vnode).is_none() {
+                continue;
+            }
+            let now_ms = self.clock.now_ms();
+            let policies = self.policy_definitions();
+            let decisions = vnode.group.read(|meta| {
+                let mut coordinator = vnode.coordinator.lock().expect("coordinator lock poisoned");
+                coordinator.tick(&meta.0, &policies, now_ms)
+            });
+            for decision in decisions {
+                self.carry_out(vnode, decision).await;
+            }
         }
     }
 
-    /// Carries out one decision and tells the coordinator it is done.
-    async fn carry_out(&self, decision: Decision) {
+    /// Carries out one decision of `vnode`'s coordinator and tells it it is done.
+    async fn carry_out(&self, vnode: &Vnode, decision: Decision) {
         let Decision { term, action } = decision;
         let outcome = self.act(term, &action).await;
         match &outcome {
@@ -80,7 +87,7 @@ impl Broker {
             Err(error) => tracing::warn!(?action, term, %error, "coordinated action failed"),
         }
         let now_ms = self.clock.now_ms();
-        self.coordinator.lock().expect("coordinator lock poisoned").finished(&action, now_ms);
+        vnode.coordinator.lock().expect("coordinator lock poisoned").finished(&action, now_ms);
     }
 
     /// The new ranges of a split or merge (none for the others).
@@ -103,18 +110,21 @@ impl Broker {
     }
 
     /// Asks for a roll of a range whose head this broker holds: carried out here at once when
-    /// this broker leads the vnode, else asked of the leader (at most every `ROLL_ASK_MS`).
+    /// this broker leads the topic's vnode, else asked of the leader (at most every
+    /// `ROLL_ASK_MS`).
     pub(crate) fn request_roll(&self, topic_id: u64, range_id: u32) {
         let Some(broker) = self.self_handle() else { return };
-        if let Some(term) = self.observe_leadership() {
-            let decision = self.meta.read(|meta| {
-                let mut coordinator = self.coordinator.lock().expect("coordinator lock poisoned");
+        let Some(vnode) = self.ring.of_id(topic_id) else { return };
+        if let Some(term) = self.observe_leadership(vnode) {
+            let decision = vnode.group.read(|meta| {
+                let mut coordinator = vnode.coordinator.lock().expect("coordinator lock poisoned");
                 coordinator.roll_wanted(&meta.0, topic_id, range_id, term)
             });
             let Some(decision) = decision else { return };
             self.rolling.lock().expect("rolling lock poisoned").insert((topic_id, range_id));
             tokio::spawn(async move {
-                broker.carry_out(decision).await;
+                let vnode = broker.ring.of_id(topic_id).expect("the ring is fixed");
+                broker.carry_out(vnode, decision).await;
                 broker.rolling.lock().expect("rolling lock poisoned").remove(&(topic_id, range_id));
             });
             return;
@@ -129,7 +139,8 @@ impl Broker {
             asked.retain(|_, at| now_ms < *at + ROLL_ASK_MS);
         }
         tokio::spawn(async move {
-            if let Err(error) = broker.ask_leader(&Ask::Roll { topic_id, range_id }).await {
+            let vnode = broker.ring.of_id(topic_id).expect("the ring is fixed");
+            if let Err(error) = broker.ask_leader(vnode, &Ask::Roll { topic_id, range_id }).await {
                 tracing::debug!(topic_id, range_id, %error, "asking the leader for a roll failed");
             }
         });
@@ -140,7 +151,8 @@ impl Broker {
     pub async fn split(&self, topic: &str, range_id: u32) -> Result<[u32; 2], LogError> {
         self.see_topic(topic).await?;
         let topic_id = self.topic_id(topic)?;
-        let ranges = self.reshape(Ask::Split { topic_id, range_id }).await?;
+        let ranges =
+            self.reshape(self.ring.named(topic), Ask::Split { topic_id, range_id }).await?;
         ranges.try_into().map_err(|_| LogError::Unavailable("a split answered no halves".into()))
     }
 
@@ -148,13 +160,14 @@ impl Broker {
     pub async fn merge(&self, topic: &str, left: u32, right: u32) -> Result<u32, LogError> {
         self.see_topic(topic).await?;
         let topic_id = self.topic_id(topic)?;
-        let ranges = self.reshape(Ask::Merge { topic_id, left, right }).await?;
+        let ask = Ask::Merge { topic_id, left, right };
+        let ranges = self.reshape(self.ring.named(topic), ask).await?;
         ranges.first().copied().ok_or(LogError::Unavailable("a merge answered no range".into()))
     }
 
-    async fn reshape(&self, ask: Ask) -> Result<Vec<u32>, LogError> {
-        let Some(term) = self.observe_leadership() else {
-            let answer = self.ask_leader(&ask).await?;
+    async fn reshape(&self, vnode: &Vnode, ask: Ask) -> Result<Vec<u32>, LogError> {
+        let Some(term) = self.observe_leadership(vnode) else {
+            let answer = self.ask_leader(vnode, &ask).await?;
             return match decode::<Reshaped>(&answer)? {
                 Reshaped::Ranges(ranges) => Ok(ranges),
                 Reshaped::Refused { reason, retryable } => {
@@ -167,28 +180,35 @@ impl Broker {
             Ask::Merge { topic_id, left, right } => Action::Merge { topic_id, left, right },
             Ask::Roll { .. } | Ask::Load { .. } => unreachable!("only reshapes are asked here"),
         };
-        self.act_claimed(term, &action).await
+        self.act_claimed(vnode, term, &action).await
     }
 
     /// Carries out an action decided outside the coordinator's tick, once its ranges are free.
-    async fn act_claimed(&self, term: u64, action: &Action) -> Result<Vec<u32>, LogError> {
-        if !self.coordinator.lock().expect("coordinator lock poisoned").claim(action) {
+    async fn act_claimed(
+        &self,
+        vnode: &Vnode,
+        term: u64,
+        action: &Action,
+    ) -> Result<Vec<u32>, LogError> {
+        if !vnode.coordinator.lock().expect("coordinator lock poisoned").claim(action) {
             return Err(LogError::Migrating);
         }
         let outcome = self.act(term, action).await;
         let now_ms = self.clock.now_ms();
-        self.coordinator.lock().expect("coordinator lock poisoned").finished(action, now_ms);
+        vnode.coordinator.lock().expect("coordinator lock poisoned").finished(action, now_ms);
         outcome
     }
 
     /// Rolls a range's head now (an operator's or a test's request): here when this broker
-    /// leads the vnode, else asked of the leader, which rolls it shortly.
+    /// leads the topic's vnode, else asked of the leader, which rolls it shortly.
     pub async fn roll(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
-        match self.observe_leadership() {
+        let vnode = self.vnode_of(topic_id)?;
+        match self.observe_leadership(vnode) {
             Some(term) => {
-                self.act_claimed(term, &Action::Roll { topic_id, range_id }).await.map(drop)
+                let roll = Action::Roll { topic_id, range_id };
+                self.act_claimed(vnode, term, &roll).await.map(drop)
             }
-            None => self.ask_leader(&Ask::Roll { topic_id, range_id }).await.map(drop),
+            None => self.ask_leader(vnode, &Ask::Roll { topic_id, range_id }).await.map(drop),
         }
     }
 
@@ -196,9 +216,8 @@ impl Broker {
     /// and holds at least one record.
     async fn roll_by_age(&self) {
         let now_ms = self.clock.now_ms();
-        let heads: Vec<SegmentKey> = self.meta.read(|meta| {
-            meta.0
-                .topics()
+        let heads: Vec<SegmentKey> = self.read_every_meta(|meta| {
+            meta.topics()
                 .flat_map(|topic| {
                     topic.active_ranges().filter_map(move |range| {
                         range.active_segment_id().map(|segment_id| SegmentKey {
@@ -228,9 +247,9 @@ impl Broker {
             if durable_offset == 0 {
                 continue;
             }
-            let due = self.meta.read(|meta| {
+            let due = self.read_meta(key.topic_id, |meta| {
                 let defaults = self.roll_defaults();
-                meta.0.roll_due(key.topic_id, key.range_id, durable_bytes, now_ms, &defaults)
+                meta.roll_due(key.topic_id, key.range_id, durable_bytes, now_ms, &defaults)
             });
             if due {
                 self.request_roll(key.topic_id, key.range_id);
@@ -238,24 +257,35 @@ impl Broker {
         }
     }
 
-    /// Reports the rates of the ranges written here to the coordinator, and forgets ranges
-    /// that no longer take writes.
+    /// Reports the rates of the ranges written here to their vnodes' coordinators, and forgets
+    /// ranges that no longer take writes.
     async fn report_load(&self) {
         let now_ms = self.clock.now_ms();
         let rates: Vec<((u64, u32), Rate)> = {
             let mut load = self.load.lock().expect("load lock poisoned");
             load.retain(|topic_id, range_id| {
-                self.meta.read(|meta| {
-                    meta.0
-                        .topic(topic_id)
+                self.read_meta(topic_id, |meta| {
+                    meta.topic(topic_id)
                         .and_then(|topic| topic.ranges.get(&range_id))
                         .is_some_and(|range| range.is_active())
                 })
             });
             load.ranges().map(|range| (range, load.rate(range.0, range.1, now_ms))).collect()
         };
-        if self.observe_leadership().is_some() {
-            let mut coordinator = self.coordinator.lock().expect("coordinator lock poisoned");
+        for vnode in self.ring.iter() {
+            let vnode_id = vnode.vnode_id();
+            let rates: Vec<((u64, u32), Rate)> = rates
+                .iter()
+                .filter(|((topic_id, _), _)| malachi_meta::vnode_of_id(*topic_id) == vnode_id)
+                .copied()
+                .collect();
+            self.report_load_to(vnode, rates, now_ms).await;
+        }
+    }
+
+    async fn report_load_to(&self, vnode: &Vnode, rates: Vec<((u64, u32), Rate)>, now_ms: u64) {
+        if self.observe_leadership(vnode).is_some() {
+            let mut coordinator = vnode.coordinator.lock().expect("coordinator lock poisoned");
             coordinator.load_report(self.node_id, &rates, now_ms);
             return;
         }
@@ -269,17 +299,20 @@ impl Broker {
             })
             .collect();
         let ask = Ask::Load { reporter: self.node_id, rates };
-        if let Err(error) = self.ask_leader(&ask).await {
-            tracing::debug!(%error, "reporting load to the vnode's leader failed");
+        if let Err(error) = self.ask_leader(vnode, &ask).await {
+            tracing::debug!(%error, vnode = vnode.vnode_id(), "reporting load to the leader failed");
         }
     }
 
-    /// Sends `ask` to the vnode's leader.
-    async fn ask_leader(&self, ask: &Ask) -> Result<Vec<u8>, LogError> {
-        let (leader, _) = self.meta.leader();
+    /// Sends `ask` to `vnode`'s leader.
+    async fn ask_leader(&self, vnode: &Vnode, ask: &Ask) -> Result<Vec<u8>, LogError> {
+        let (leader, _) = vnode.group.leader();
         let transport = self.transport();
         let (Some(leader), Some(transport)) = (leader, transport) else {
-            return Err(LogError::Unavailable("the vnode has no leader now".into()));
+            return Err(LogError::Unavailable(format!(
+                "vnode {} has no leader now",
+                vnode.vnode_id()
+            )));
         };
         let kind = match ask {
             Ask::Roll { .. } => CALL_ROLL_WANTED,
@@ -289,7 +322,7 @@ impl Broker {
         let payload = serde_json::to_vec(ask).expect("asks serialize");
         let request = Request {
             service: Service::Cluster,
-            group_id: VNODE_GROUP_ID,
+            group_id: vnode.group_id(),
             kind,
             source_node_id: self.node_id,
             payload,
@@ -300,8 +333,16 @@ impl Broker {
             .map_err(|error| LogError::Unavailable(format!("the vnode's leader {leader}: {error}")))
     }
 
-    /// Answers a coordinator call from another broker.
-    pub(crate) async fn handle_coordination_call(&self, payload: &[u8]) -> Result<Vec<u8>, String> {
+    /// Answers a coordinator call from another broker, about the vnode of group `group_id`.
+    pub(crate) async fn handle_coordination_call(
+        &self,
+        group_id: u64,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let vnode = self
+            .ring
+            .by_group_id(group_id)
+            .ok_or_else(|| format!("group {group_id} is no vnode of this ring"))?;
         let ask: Ask = decode(payload).map_err(|error| error.to_string())?;
         match ask {
             Ask::Roll { topic_id, range_id } => {
@@ -315,19 +356,19 @@ impl Broker {
                         ((topic_id, range_id), Rate { records_per_s, bytes_per_s })
                     })
                     .collect();
-                if self.observe_leadership().is_some() {
+                if self.observe_leadership(vnode).is_some() {
                     let now_ms = self.clock.now_ms();
                     let mut coordinator =
-                        self.coordinator.lock().expect("coordinator lock poisoned");
+                        vnode.coordinator.lock().expect("coordinator lock poisoned");
                     coordinator.load_report(reporter, &rates, now_ms);
                 }
                 Ok(Vec::new())
             }
             Ask::Split { .. } | Ask::Merge { .. } => {
-                if self.observe_leadership().is_none() {
+                if self.observe_leadership(vnode).is_none() {
                     return Err("this broker does not lead the vnode".into());
                 }
-                let answer = match self.reshape(ask).await {
+                let answer = match self.reshape(vnode, ask).await {
                     Ok(ranges) => Reshaped::Ranges(ranges),
                     Err(error) => Reshaped::Refused {
                         reason: error.reason(),

@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use malachi_meta::{MetaState, RetentionDefaults, SegmentRef};
+use malachi_meta::{MetaState, PolicyDefinitions, RetentionDefaults, SegmentRef};
 
 use crate::load::{ActiveRange, LoadConfig, Rate, Reshape, plan_reshape};
 
@@ -186,8 +186,14 @@ impl Coordinator {
     }
 
     /// Decides what to do now: at most one reshape per topic by load, then a retention pass
-    /// when one is due. (Rolls are decided as they are asked for: producers wait on them.)
-    pub fn tick(&mut self, meta: &MetaState, now_ms: u64) -> Vec<Decision> {
+    /// when one is due, under the cluster's `policies`. (Rolls are decided as they are asked
+    /// for: producers wait on them.)
+    pub fn tick(
+        &mut self,
+        meta: &MetaState,
+        policies: &PolicyDefinitions,
+        now_ms: u64,
+    ) -> Vec<Decision> {
         let Some(term) = self.deciding_term() else { return Vec::new() };
         let stale_before = now_ms.saturating_sub(self.config.load.window_ms * REPORT_WINDOWS_KEPT);
         self.rates.retain(|_, (_, reported_ms)| *reported_ms >= stale_before);
@@ -195,7 +201,7 @@ impl Coordinator {
         for action in &actions {
             self.busy.extend(action.ranges());
         }
-        actions.extend(self.retention(meta, now_ms));
+        actions.extend(self.retention(meta, policies, now_ms));
         actions.into_iter().map(|action| Decision { term, action }).collect()
     }
 
@@ -227,7 +233,12 @@ impl Coordinator {
         actions
     }
 
-    fn retention(&mut self, meta: &MetaState, now_ms: u64) -> Option<Action> {
+    fn retention(
+        &mut self,
+        meta: &MetaState,
+        policies: &PolicyDefinitions,
+        now_ms: u64,
+    ) -> Option<Action> {
         let due = self
             .last_retention_ms
             .is_none_or(|last| now_ms >= last.saturating_add(self.config.retention_interval_ms));
@@ -235,7 +246,7 @@ impl Coordinator {
             return None;
         }
         self.last_retention_ms = Some(now_ms);
-        let plan = meta.retention_plan(now_ms, &self.config.retention);
+        let plan = meta.retention_plan(now_ms, policies, &self.config.retention);
         (!plan.is_empty()).then_some(Action::Expire { segments: plan })
     }
 }

@@ -2,7 +2,7 @@
 
 use malachi_consensus::ConsensusError;
 use malachi_log::{AppendError, LimitError, ReadError};
-use malachi_meta::MetaError;
+use malachi_meta::{AdminError, MetaError};
 
 use crate::data::DataError;
 
@@ -18,6 +18,9 @@ pub enum LogError {
     InvalidCursor,
     #[error("{0}")]
     Meta(MetaError),
+    /// The administrative machine refused a command.
+    #[error("{0}")]
+    Admin(AdminError),
     #[error(transparent)]
     Limit(#[from] LimitError),
     /// A write or sync failed on this node; the outcome of the produce is unknown.
@@ -52,6 +55,7 @@ impl LogError {
             LogError::AlreadyExists => "already_exists".into(),
             LogError::InvalidCursor => "invalid_cursor".into(),
             LogError::Meta(error) => error.reason(),
+            LogError::Admin(error) => error.reason(),
             LogError::Limit(error) => error.reason().into(),
             LogError::Storage { reason, .. } => (*reason).into(),
             LogError::Unavailable(_) => "metadata_unavailable".into(),

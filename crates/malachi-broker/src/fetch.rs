@@ -111,7 +111,7 @@ impl Broker {
         if let Pass::Page(page) = self.fetch_pass(args, false).await? {
             return Ok(page);
         }
-        self.meta.read_barrier().await.map_err(|error| {
+        self.ring.named(args.topic).group.read_barrier().await.map_err(|error| {
             LogError::Unavailable(format!(
                 "this broker's metadata is behind topic {}'s, and {error}",
                 args.topic
@@ -126,7 +126,7 @@ impl Broker {
     async fn fetch_pass(&self, args: &FetchArgs<'_>, caught_up: bool) -> Result<Pass, LogError> {
         let max = clamp_max(args.max);
         let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
-        let Some(topic) = self.meta.read(|meta| meta.0.topic_by_name(args.topic).cloned()) else {
+        let Some(topic) = self.topic_named(args.topic) else {
             // The original answers an unknown topic with an empty page.
             return Ok(Pass::Page(FetchPage::default()));
         };
@@ -136,7 +136,8 @@ impl Broker {
         let deadline = tokio::time::sleep(Duration::from_millis(u64::from(wait_ms)));
         tokio::pin!(deadline);
         loop {
-            let Some(topic) = self.meta.read(|meta| meta.0.topic(topic.topic_id).cloned()) else {
+            let topic_id = topic.topic_id;
+            let Some(topic) = self.read_meta(topic_id, |meta| meta.topic(topic_id).cloned()) else {
                 // Deleted while we waited: an empty page, as for a topic that never existed.
                 return Ok(Pass::Page(FetchPage::default()));
             };
@@ -296,6 +297,16 @@ impl Broker {
             };
             spans.push((span, span.base + length));
         }
+        // Retention may have removed segments since `range` was read: the spans come from a
+        // later metadata version than its `expired_records`. What lies before the first span
+        // left is expired too, and counted so (found by the cluster simulator: a drain racing
+        // an expiry skipped records without reporting them).
+        if let Some((first, _)) = spans.first()
+            && offset < first.base
+        {
+            read.skipped += first.base - offset;
+            offset = first.base;
+        }
         let range_end = spans.last().map_or(offset, |(_, end)| *end);
         let mut full = false;
         for (span, end) in spans {
@@ -416,9 +427,8 @@ impl Broker {
     }
 
     fn segment_spans(&self, topic_id: u64, range_id: u32) -> Vec<SegmentSpan> {
-        self.meta.read(|meta| {
-            meta.0
-                .range_segments(topic_id, range_id)
+        self.read_meta(topic_id, |meta| {
+            meta.range_segments(topic_id, range_id)
                 .iter()
                 .map(|segment| SegmentSpan {
                     segment_id: segment.segment_id,

@@ -73,15 +73,15 @@ pub fn assigned(frontier: &Frontier, members: &[String], member: &str) -> Fronti
 impl Broker {
     /// The group's committed frontier (the start for a group that never committed).
     pub(crate) fn group_frontier(&self, topic: &Topic, group: &str) -> Frontier {
-        let committed: Frontier = self.meta.read(|meta| {
-            let Some(state) = meta.0.group(topic.topic_id, group) else {
+        let committed: Frontier = self.read_meta(topic.topic_id, |meta| {
+            let Some(state) = meta.group(topic.topic_id, group) else {
                 return Frontier::new();
             };
             state
                 .positions
                 .iter()
                 .map(|(&range_id, position)| {
-                    (range_id, to_range_position(&meta.0, topic, range_id, position))
+                    (range_id, to_range_position(meta, topic, range_id, position))
                 })
                 .collect()
         });
@@ -110,16 +110,13 @@ impl Broker {
     ) -> Result<(), LogError> {
         let Some(text) = cursor else { return Ok(()) };
         self.see_topic(topic).await?;
-        let topic = self
-            .meta
-            .read(|meta| meta.0.topic_by_name(topic).cloned())
-            .ok_or(LogError::NoSuchTopic)?;
+        let topic = self.topic_named(topic).ok_or(LogError::NoSuchTopic)?;
         let positions = self.decode_cursor(&topic, text)?;
-        let positions = self.meta.read(|meta| {
+        let positions = self.read_meta(topic.topic_id, |meta| {
             positions
                 .iter()
                 .map(|(&range_id, &position)| {
-                    (range_id, to_group_position(&meta.0, &topic, range_id, position))
+                    (range_id, to_group_position(meta, &topic, range_id, position))
                 })
                 .collect()
         });
@@ -130,17 +127,14 @@ impl Broker {
             expected_generation: None,
             now_ms: self.clock.now_ms(),
         });
-        self.propose_meta(command).await?;
+        self.propose_meta(topic.topic_id, command).await?;
         Ok(())
     }
 
     /// The group's committed position per range, as range-wide offsets (`u64::MAX` for a range
     /// the group drained): what a lag report, or the simulator's group observer, compares.
     pub fn group_positions(&self, topic: &str, group: &str) -> Result<Vec<(u32, u64)>, LogError> {
-        let topic = self
-            .meta
-            .read(|meta| meta.0.topic_by_name(topic).cloned())
-            .ok_or(LogError::NoSuchTopic)?;
+        let topic = self.topic_named(topic).ok_or(LogError::NoSuchTopic)?;
         let positions = self.group_frontier(&topic, group);
         Ok(positions
             .into_iter()
@@ -153,10 +147,7 @@ impl Broker {
 
     /// The group's committed position as a cursor (the start of the topic if it never committed).
     pub fn group_cursor(&self, topic: &str, group: &str) -> Result<String, LogError> {
-        let topic = self
-            .meta
-            .read(|meta| meta.0.topic_by_name(topic).cloned())
-            .ok_or(LogError::NoSuchTopic)?;
+        let topic = self.topic_named(topic).ok_or(LogError::NoSuchTopic)?;
         let positions = self.group_frontier(&topic, group);
         self.mint_cursor(&crate::cursor::Cursor { topic_id: topic.topic_id, positions })
     }

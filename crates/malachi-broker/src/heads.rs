@@ -33,14 +33,16 @@ impl Broker {
     pub(crate) async fn propose_in_term(
         &self,
         term: u64,
+        topic_id: u64,
         command: MetaCommand,
     ) -> Result<MetaResponse, LogError> {
         debug_assert!(command.is_coordinators(), "only the coordinator's commands: {command:?}");
+        let group = &self.vnode_of(topic_id)?.group;
         let command = MetaCommand::Coordinated { term, command: Box::new(command) };
         let outcome = if self.canaries.coordinate_deposed {
-            self.meta.propose(command).await
+            group.propose(command).await
         } else {
-            self.meta.propose_as_leader(command, term).await
+            group.propose_as_leader(command, term).await
         };
         outcome?.map_err(map_meta_error)
     }
@@ -52,7 +54,7 @@ impl Broker {
         topic_id: u64,
         range_id: u32,
     ) -> Result<(), LogError> {
-        let _reshape = self.reshape_lock.lock().await;
+        let _reshape = self.vnode_of(topic_id)?.reshape_lock.lock().await;
         let seal = self.fence(topic_id, range_id).await?;
         self.record_roll(term, topic_id, range_id, seal).await
     }
@@ -72,7 +74,7 @@ impl Broker {
             now_ms,
             replicas: self.segment_replicas(&placement_object(topic_id, range_id, now_ms)),
         });
-        let response = self.propose_in_term(term, command).await;
+        let response = self.propose_in_term(term, topic_id, command).await;
         match response {
             Ok(MetaResponse::SegmentRolled { segment_id, .. }) => {
                 self.create_placed(&[SegmentKey { topic_id, range_id, segment_id }]).await;
@@ -92,7 +94,7 @@ impl Broker {
         topic_id: u64,
         range_id: u32,
     ) -> Result<[u32; 2], LogError> {
-        let _reshape = self.reshape_lock.lock().await;
+        let _reshape = self.vnode_of(topic_id)?.reshape_lock.lock().await;
         let seal = if self.canaries.skip_split_fence {
             self.canary_unfenced_end(topic_id, range_id).await?
         } else {
@@ -112,7 +114,7 @@ impl Broker {
             child_replicas: [child(0), child(1)],
             quota: self.config.quota(),
         });
-        match self.propose_in_term(term, command).await {
+        match self.propose_in_term(term, topic_id, command).await {
             Ok(MetaResponse::RangeSplit { children, child_segment_ids, .. }) => {
                 let keys: Vec<SegmentKey> = children
                     .into_iter()
@@ -140,7 +142,7 @@ impl Broker {
         topic_id: u64,
         [left, right]: [u32; 2],
     ) -> Result<u32, LogError> {
-        let _reshape = self.reshape_lock.lock().await;
+        let _reshape = self.vnode_of(topic_id)?.reshape_lock.lock().await;
         self.check_buddies(topic_id, left, right)?;
         let left_seal = self.fence(topic_id, left).await?;
         let right_seal = match self.fence(topic_id, right).await {
@@ -158,7 +160,7 @@ impl Broker {
             now_ms,
             replicas: self.segment_replicas(&placement_object(topic_id, left, now_ms)),
         });
-        match self.propose_in_term(term, command).await {
+        match self.propose_in_term(term, topic_id, command).await {
             Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
                 self.create_placed(&[SegmentKey { topic_id, range_id, segment_id }]).await;
                 Ok(range_id)
@@ -172,19 +174,26 @@ impl Broker {
         }
     }
 
-    /// Expires `segments` in metadata (a bounded chunk per command); returns the records
-    /// removed. Every broker deletes its own files afterwards (`reclaim`).
+    /// Expires `segments` (all of one vnode, whose coordinator decided it) in metadata, a
+    /// bounded chunk per command; returns the records removed. Every broker deletes its own
+    /// files afterwards (`reclaim`).
     pub(crate) async fn expire_in(
         &self,
         term: u64,
         segments: &[SegmentRef],
     ) -> Result<u64, LogError> {
-        let _reshape = self.reshape_lock.lock().await;
+        let Some(first) = segments.first() else { return Ok(0) };
+        let vnode_id = malachi_meta::vnode_of_id(first.topic_id);
+        assert!(
+            segments.iter().all(|segment| malachi_meta::vnode_of_id(segment.topic_id) == vnode_id),
+            "an expiry decided by one vnode names only its segments"
+        );
+        let _reshape = self.vnode_of(first.topic_id)?.reshape_lock.lock().await;
         let mut expired_records = 0;
         for chunk in segments.chunks(SEGMENT_IDS_PER_COMMAND_MAX) {
             let command = MetaCommand::ExpireSegments { segments: chunk.to_vec() };
             let MetaResponse::SegmentsExpired { expired_records: count, .. } =
-                self.propose_in_term(term, command).await?
+                self.propose_in_term(term, first.topic_id, command).await?
             else {
                 unreachable!("expire answers SegmentsExpired");
             };
@@ -235,8 +244,8 @@ impl Broker {
     /// The active segment of a range: `no_such_range` for a range the topic never had,
     /// `range_sealed` for one that split or merged.
     fn head_segment(&self, topic_id: u64, range_id: u32) -> Result<u64, LogError> {
-        self.meta.read(|meta| {
-            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+        self.read_meta(topic_id, |meta| {
+            let topic = meta.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
             let range = topic
                 .ranges
                 .get(&range_id)
@@ -270,8 +279,8 @@ impl Broker {
         left: u32,
         right: u32,
     ) -> Result<(), LogError> {
-        self.meta.read(|meta| {
-            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+        self.read_meta(topic_id, |meta| {
+            let topic = meta.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
             let extent = |range_id: u32| {
                 let range = topic.ranges.get(&range_id).ok_or(LogError::Meta(MetaError::Range(
                     RangeError::NoSuchRange { range_id },

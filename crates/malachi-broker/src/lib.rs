@@ -20,6 +20,7 @@ pub mod machines;
 pub mod maintenance;
 pub mod node;
 pub mod notify;
+mod policies;
 pub mod produce;
 mod remote;
 pub mod seats;
@@ -28,3 +29,4 @@ pub mod testing;
 #[cfg(test)]
 mod testkit;
 pub mod topics;
+pub mod vnodes;

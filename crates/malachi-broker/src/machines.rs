@@ -1,13 +1,13 @@
-//! The metadata and administrative machines as Raft-replicated state machines.
+//! The metadata, administrative and root machines as Raft-replicated state machines.
 //!
-//! One generic wrapper serves both pure machines of `malachi-meta`, so they cannot drift apart:
+//! One generic wrapper serves every pure machine of `malachi-meta`, so they cannot drift apart:
 //! a snapshot is canonical JSON (the states hold only ordered maps), and a restored snapshot
 //! must pass the machine's invariant check before it is used, whichever machine it is.
 
 use malachi_consensus::StateMachine;
 use malachi_meta::{
     AdminCommand, AdminError, AdminResponse, AdminState, InvariantViolation, MetaCommand,
-    MetaError, MetaResponse, MetaState,
+    MetaError, MetaResponse, MetaState, RingCommand, RingError, RingResponse, RingState,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -47,14 +47,29 @@ impl PureMachine for AdminState {
     }
 }
 
+impl PureMachine for RingState {
+    type Command = RingCommand;
+    type Response = Result<RingResponse, RingError>;
+
+    fn apply(&mut self, command: RingCommand) -> Self::Response {
+        RingState::apply(self, command)
+    }
+
+    fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        RingState::check_invariants(self)
+    }
+}
+
 /// A pure machine replicated by Raft.
 #[derive(Debug, Default)]
 pub struct Replicated<S>(pub S);
 
 /// A vnode's metadata: topics, ranges, segments, groups, policies.
 pub type MetaMachine = Replicated<MetaState>;
-/// The cluster-wide administrative state: users, ACL grants, lockouts.
+/// The cluster-wide administrative state: users, ACL grants, lockouts, brokers, policies.
 pub type AdminMachine = Replicated<AdminState>;
+/// The root group's state: the ring of vnodes.
+pub type RootMachine = Replicated<RingState>;
 
 impl<S: PureMachine> StateMachine for Replicated<S> {
     type Command = S::Command;

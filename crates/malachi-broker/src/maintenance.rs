@@ -40,16 +40,21 @@ impl Broker {
         })
     }
 
-    /// One retention pass now: on the vnode's leader, expire what the bound policies allow;
-    /// on every broker, delete its files of removed segments. Returns the records expired.
+    /// One retention pass now: on each vnode this broker leads, expire what the bound policies
+    /// allow; on every broker, delete its files of removed segments. Returns the records
+    /// expired.
     pub async fn run_retention(&self) -> Result<u64, LogError> {
-        let (leader, term) = self.meta.leader();
+        let now_ms = self.clock.now_ms();
+        let defaults = retention_defaults(&self.config);
+        let policies = self.policy_definitions();
         let mut expired = 0;
-        if leader == Some(self.node_id) {
-            let now_ms = self.clock.now_ms();
-            let defaults = retention_defaults(&self.config);
-            let plan = self.meta.read(|meta| meta.0.retention_plan(now_ms, &defaults));
-            expired = self.expire_in(term, &plan).await?;
+        for vnode in self.ring.iter() {
+            let (leader, term) = vnode.group.leader();
+            if leader != Some(self.node_id) {
+                continue;
+            }
+            let plan = vnode.group.read(|meta| meta.0.retention_plan(now_ms, &policies, &defaults));
+            expired += self.expire_in(term, &plan).await?;
         }
         self.reclaim().await?;
         Ok(expired)

@@ -16,14 +16,15 @@ use crate::config::BrokerConfig;
 use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::cursor::CursorKey;
 use crate::data::{DataPlane, IoMode};
+use crate::error::LogError;
 use crate::groups::Members;
 use crate::load::LoadTracker;
-use crate::machines::{AdminMachine, MetaMachine};
+use crate::machines::{AdminMachine, RootMachine};
 use crate::notify::{Clock, Notifier};
+use crate::vnodes::{Ring, RingOpen};
 
-/// Raft group ids on a node: the administrative group and the (single, for now) vnode.
+/// The administrative group's Raft group id (the vnodes' and the root's are in `vnodes.rs`).
 pub const ADMIN_GROUP_ID: u64 = 0;
-pub const VNODE_GROUP_ID: u64 = 1;
 
 /// Everything a node needs from outside: configuration, disk, time, randomness.
 pub struct NodeDeps {
@@ -60,6 +61,8 @@ pub struct ClusterDeps {
     pub cluster_id: String,
     /// Whether a new data directory starts the cluster or waits to be added to it.
     pub first_boot: FirstBoot,
+    /// The ring's size as a seed's welcome told it (a joining broker's first boot).
+    pub vnodes_hint: Option<u32>,
 }
 
 /// Deliberate bugs, each one a broken guarantee the simulator must catch. Never on outside the
@@ -118,7 +121,10 @@ pub struct BootReport {
 pub struct Broker {
     pub(crate) config: BrokerConfig,
     pub(crate) node_id: u64,
-    pub(crate) meta: RaftGroup<MetaMachine>,
+    /// The vnodes, each a Raft group of topic metadata with its coordinator.
+    pub(crate) ring: Ring,
+    /// The root group: the ring itself.
+    pub(crate) root: RaftGroup<RootMachine>,
     pub(crate) admin: RaftGroup<AdminMachine>,
     pub(crate) data: DataPlane,
     pub(crate) cursors: CursorKey,
@@ -130,17 +136,14 @@ pub struct Broker {
     write_admin_credentials: bool,
     /// The inter-node transport and the cluster id; `None` for a broker alone.
     pub(crate) cluster: Option<(malachi_transport::Transport, String)>,
-    /// Serializes rolls, splits, merges and retention on this node, so two of them never race
-    /// for one write head. Produce and fetch never take it.
-    pub(crate) reshape_lock: tokio::sync::Mutex<()>,
     pub(crate) load: Mutex<LoadTracker>,
-    /// Ranges this broker is rolling now (as the vnode's coordinator).
+    /// Ranges this broker is rolling now (as their vnode's coordinator).
     pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
     /// When this broker last asked the vnode's leader to roll each range.
     pub(crate) roll_asked_ms: Mutex<std::collections::BTreeMap<(u64, u32), u64>>,
     pub(crate) members: Mutex<Members>,
-    /// The vnode's coordinator; it decides only while this broker leads the vnode.
-    pub(crate) coordinator: Mutex<Coordinator>,
+    /// When this broker last handed each vnode's leadership over, by group id (`seats.rs`).
+    pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     /// Every broker's membership status, as the SWIM driver (`gossip.rs`) last published it.
     pub(crate) statuses: Mutex<crate::gossip::MemberStatuses>,
     /// This broker, for background tasks it starts.
@@ -163,6 +166,9 @@ pub enum BootError {
     Store(#[from] malachi_consensus::StoreError),
     #[error("{0}")]
     Users(String),
+    /// The ring of vnodes could not be learned or defined.
+    #[error("the ring of vnodes: {0}")]
+    Ring(String),
     /// A `MALACHI_DEFAULT_USERS` password is shorter than `MALACHI_MIN_PASSWORD_LEN`.
     #[error(
         "MALACHI_DEFAULT_USERS: the password of user {username:?} has fewer than {min_chars} \
@@ -211,20 +217,23 @@ impl Broker {
             first_boot,
         )
         .await?;
-        let meta = RaftGroup::<MetaMachine>::open_with_transport(
-            &store,
-            VNODE_GROUP_ID,
+        let coordinator =
+            || Coordinator::new(coordinator_config(&deps.config), deps.canaries.coordinate_deposed);
+        let ring = RingOpen {
+            store: &store,
             node_id,
-            config.clone(),
+            raft: config,
             transport,
             first_boot,
-        )
-        .await;
-        let meta = match meta {
-            Ok(meta) => meta,
+            vnodes_hint: deps.cluster.as_ref().and_then(|cluster| cluster.vnodes_hint),
+            vnodes_configured: deps.config.cluster.vnodes,
+            coordinator: &coordinator,
+        };
+        let (root, ring) = match crate::vnodes::open_ring(&ring).await {
+            Ok(opened) => opened,
             Err(error) => {
                 let _ = admin.shutdown().await;
-                return Err(error.into());
+                return Err(error);
             }
         };
         let cursors = match deps.cursor_secret {
@@ -246,14 +255,13 @@ impl Broker {
                 })
                 .map_err(|source| data_dir_error(&data_dir, source))?
                 .with_canary_skip_dir_sync(deps.canaries.skip_dir_sync);
-        let coordinator =
-            Coordinator::new(coordinator_config(&deps.config), deps.canaries.coordinate_deposed);
         let broker = Arc::new_cyclic(|me| Broker {
             me: me.clone(),
             load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
             config: deps.config,
             node_id: deps.node_id,
-            meta,
+            ring,
+            root,
             admin,
             data,
             cursors,
@@ -264,11 +272,10 @@ impl Broker {
             password_cost: deps.password_cost,
             write_admin_credentials: deps.write_admin_credentials,
             cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
-            reshape_lock: tokio::sync::Mutex::new(()),
             rolling: Mutex::new(BTreeSet::new()),
             roll_asked_ms: Mutex::new(Default::default()),
             members: Mutex::new(Members::default()),
-            coordinator: Mutex::new(coordinator),
+            leadership_moved_ms: Mutex::new(Default::default()),
             statuses: Mutex::new(Default::default()),
         });
         Ok(broker)
@@ -278,6 +285,11 @@ impl Broker {
     /// match it. In a cluster, a joined broker finds them seeded already.
     pub async fn bootstrap(&self) -> Result<BootReport, BootError> {
         let report = self.bootstrap_users().await?;
+        // Where this broker can (it created the cluster, or leads), each vnode claims its arc
+        // now; one that cannot yet is claimed before its first topic (`create_topic`).
+        if let Err(error) = self.claim_arcs().await {
+            tracing::warn!(%error, "claiming the vnodes' arcs failed; retried at the first create");
+        }
         if self.cluster.is_some() {
             // Without a quorum now, the registration waits for the next start; the addresses
             // recorded before still reach this broker unless it moved.
@@ -477,12 +489,25 @@ impl Broker {
         &self.entropy
     }
 
+    /// The administrative group, for tests and the simulator's checks; the server reads and
+    /// writes through [`Broker::read_admin`] and [`Broker::admin_command`].
     pub fn admin_group(&self) -> &RaftGroup<AdminMachine> {
         &self.admin
     }
 
-    pub fn meta_group(&self) -> &RaftGroup<MetaMachine> {
-        &self.meta
+    /// Reads the administrative state (users, grants, lockouts, brokers, policies), as applied
+    /// on this broker.
+    pub fn read_admin<R>(&self, read: impl FnOnce(&malachi_meta::AdminState) -> R) -> R {
+        self.admin.read(|admin| read(&admin.0))
+    }
+
+    /// Proposes an administrative command (forwarded to the group's leader). A refusal is
+    /// `LogError::Admin`; no answer from the group is `LogError::Unavailable`.
+    pub async fn admin_command(
+        &self,
+        command: AdminCommand,
+    ) -> Result<malachi_meta::AdminResponse, LogError> {
+        self.admin.propose(command).await?.map_err(LogError::Admin)
     }
 
     pub fn data_plane(&self) -> &DataPlane {
@@ -491,7 +516,8 @@ impl Broker {
 
     /// Stops the Raft groups; segment files are closed as the last handles drop.
     pub async fn shutdown(&self) {
-        let _ = self.meta.shutdown().await;
+        self.ring.shutdown().await;
+        let _ = self.root.shutdown().await;
         let _ = self.admin.shutdown().await;
     }
 }

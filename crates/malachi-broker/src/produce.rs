@@ -201,8 +201,8 @@ impl Broker {
         slots: &[u64],
         pending: Vec<usize>,
     ) -> Result<Vec<RangeBatch>, LogError> {
-        self.meta.read(|meta| {
-            let topic = meta.0.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
+        self.read_meta(topic_id, |meta| {
+            let topic = meta.topic(topic_id).ok_or(LogError::NoSuchTopic)?;
             let active: Vec<u32> = topic.active_ranges().map(|range| range.range_id).collect();
             let mut by_range: BTreeMap<u32, RangeBatch> = BTreeMap::new();
             for at in pending {
@@ -241,8 +241,8 @@ impl Broker {
             bytes,
             now_ms,
         );
-        let due = self.meta.read(|meta| {
-            meta.0.roll_due(key.topic_id, key.range_id, active_bytes, now_ms, &self.roll_defaults())
+        let due = self.read_meta(key.topic_id, |meta| {
+            meta.roll_due(key.topic_id, key.range_id, active_bytes, now_ms, &self.roll_defaults())
         });
         if due {
             self.request_roll(key.topic_id, key.range_id);

@@ -62,8 +62,8 @@ pub(crate) enum Remote<T> {
 impl Broker {
     /// The broker holding `key` (its primary) when that is not this one.
     pub(crate) fn holder_elsewhere(&self, key: SegmentKey) -> Option<u64> {
-        self.meta.read(|meta| {
-            let segment = meta.0.segment(key.segment_id)?;
+        self.read_meta(key.segment_id, |meta| {
+            let segment = meta.segment(key.segment_id)?;
             (!segment.replicas.contains(&self.node_id))
                 .then(|| segment.replicas.first().copied())?
         })
@@ -169,7 +169,8 @@ impl Broker {
         // The caller acts on metadata it has applied; this broker may not have yet (a segment
         // created a moment ago). Catch up before answering that it does not know the segment.
         if self.listed(key).is_none()
-            && let Err(error) = self.meta.read_barrier().await
+            && let Some(vnode) = self.ring.of_id(key.segment_id)
+            && let Err(error) = vnode.group.read_barrier().await
         {
             tracing::debug!(?key, %error, "read barrier for an unknown segment failed");
         }

@@ -18,7 +18,7 @@ pub(crate) const SEGMENT_IDS_PER_COMMAND_MAX: usize = 1_000;
 impl Broker {
     /// What metadata says of `key`'s file on this node; `None` once metadata no longer lists it.
     pub(crate) fn listed(&self, key: SegmentKey) -> Option<Listed> {
-        self.meta.read(|meta| listed_in(&meta.0, key, self.node_id))
+        self.read_meta(key.segment_id, |meta| listed_in(meta, key, self.node_id))
     }
 
     /// The segment, opened (recovered, or created if it never was) as metadata says. A head
@@ -58,13 +58,19 @@ impl Broker {
     /// logged: the file is there, and until metadata hears of it a missing file would be
     /// created again, the behaviour before the report.
     async fn report_created(&self, segment_ids: Vec<u64>) {
-        for chunk in segment_ids.chunks(SEGMENT_IDS_PER_COMMAND_MAX) {
-            let command = MetaCommand::SegmentFilesCreated {
-                node_id: self.node_id,
-                segment_ids: chunk.to_vec(),
-            };
-            if let Err(error) = self.propose_meta(command).await {
-                tracing::warn!(%error, "recording created segment files failed");
+        let mut by_vnode: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+        for segment_id in segment_ids {
+            by_vnode.entry(malachi_meta::vnode_of_id(segment_id)).or_default().push(segment_id);
+        }
+        for segment_ids in by_vnode.into_values() {
+            for chunk in segment_ids.chunks(SEGMENT_IDS_PER_COMMAND_MAX) {
+                let command = MetaCommand::SegmentFilesCreated {
+                    node_id: self.node_id,
+                    segment_ids: chunk.to_vec(),
+                };
+                if let Err(error) = self.propose_meta(chunk[0], command).await {
+                    tracing::warn!(%error, "recording created segment files failed");
+                }
             }
         }
     }
@@ -72,9 +78,8 @@ impl Broker {
     /// Refuses a segment whose replicas are all on other brokers: its file must never be
     /// created here, where nobody would read it and a second copy would diverge.
     fn check_held_here(&self, key: SegmentKey) -> Result<(), DataError> {
-        let holders = self.meta.read(|meta| {
-            meta.0
-                .segment(key.segment_id)
+        let holders = self.read_meta(key.segment_id, |meta| {
+            meta.segment(key.segment_id)
                 .filter(|segment| !segment.replicas.contains(&self.node_id))
                 .map(|segment| segment.replicas.clone())
         });

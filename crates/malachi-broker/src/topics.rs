@@ -33,13 +33,6 @@ pub struct RangeInfo {
 }
 
 impl Broker {
-    pub(crate) async fn propose_meta(
-        &self,
-        command: MetaCommand,
-    ) -> Result<MetaResponse, LogError> {
-        self.meta.propose(command).await?.map_err(map_meta_error)
-    }
-
     /// Creates a topic; `creator` names a non-administrator, counted by the per-user quota.
     pub async fn create_topic(
         &self,
@@ -47,6 +40,11 @@ impl Broker {
         initial_ranges: Option<u32>,
         creator: Option<&str>,
     ) -> Result<u64, LogError> {
+        // A vnode's first topic claims its arc first, so its ids come from its own block.
+        let vnode = self.ring.named(name);
+        if vnode.group.read(|meta| meta.0.arc().is_none()) {
+            self.propose_meta_named(name, MetaCommand::ClaimArc { arc: vnode.arc }).await?;
+        }
         let command = MetaCommand::CreateTopic(CreateTopic {
             name: name.to_string(),
             now_ms: self.clock.now_ms(),
@@ -56,7 +54,8 @@ impl Broker {
             creator: creator.map(str::to_string),
             quota: self.config.quota(),
         });
-        let MetaResponse::TopicCreated { topic_id, ranges } = self.propose_meta(command).await?
+        let MetaResponse::TopicCreated { topic_id, ranges } =
+            self.propose_meta_named(name, command).await?
         else {
             unreachable!("create_topic answers TopicCreated");
         };
@@ -74,10 +73,10 @@ impl Broker {
     /// broker whose metadata lags (cut off, or a moment behind) would go on acknowledging
     /// appends to a topic already deleted, records nobody could ever read.
     pub async fn delete_topic(&self, name: &str) -> Result<(), LogError> {
-        let _reshape = self.reshape_lock.lock().await;
+        let _reshape = self.ring.named(name).reshape_lock.lock().await;
         self.see_topic(name).await?;
-        let heads = self.meta.read(|meta| {
-            let topic = meta.0.topic_by_name(name)?;
+        let heads = self.read_meta_named(name, |meta| {
+            let topic = meta.topic_by_name(name)?;
             let heads: Vec<SegmentKey> = topic
                 .active_ranges()
                 .filter_map(|range| {
@@ -96,7 +95,7 @@ impl Broker {
         }
         let fenced_heads = heads.iter().map(|key| key.segment_id).collect();
         let command = MetaCommand::DeleteFencedTopic { name: name.into(), fenced_heads };
-        let response = self.propose_meta(command).await?;
+        let response = self.propose_meta_named(name, command).await?;
         let MetaResponse::TopicDeleted { topic_id, .. } = response else {
             unreachable!("delete_topic answers TopicDeleted");
         };
@@ -105,12 +104,19 @@ impl Broker {
     }
 
     /// Deletes this broker's files of segments metadata no longer lists, then confirms them, a
-    /// bounded chunk per command, until none of its copies is pending. Runs after every delete
-    /// and on every retention pass, on every broker, so a delete interrupted by a crash (or a
-    /// broker down at the time) finishes after the restart.
+    /// bounded chunk per command, until none of its copies is pending, in every vnode. Runs
+    /// after every delete and on every retention pass, on every broker, so a delete interrupted
+    /// by a crash (or a broker down at the time) finishes after the restart.
     pub(crate) async fn reclaim(&self) -> Result<(), LogError> {
+        for vnode in self.ring.iter() {
+            self.reclaim_in(vnode).await?;
+        }
+        Ok(())
+    }
+
+    async fn reclaim_in(&self, vnode: &crate::vnodes::Vnode) -> Result<(), LogError> {
         loop {
-            let pending: Vec<SegmentKey> = self.meta.read(|meta| {
+            let pending: Vec<SegmentKey> = vnode.group.read(|meta| {
                 meta.0
                     .pending_reclaim()
                     .iter()
@@ -131,7 +137,8 @@ impl Broker {
             }
             let segment_ids = pending.iter().map(|key| key.segment_id).collect();
             let node_id = Some(self.node_id);
-            self.propose_meta(MetaCommand::ReclaimDone { segment_ids, node_id }).await?;
+            let command = MetaCommand::ReclaimDone { segment_ids, node_id };
+            vnode.group.propose(command).await?.map_err(map_meta_error)?;
         }
     }
 
@@ -140,14 +147,14 @@ impl Broker {
     /// why.
     pub async fn describe_topic(&self, name: &str) -> Result<TopicInfo, LogError> {
         self.see_topic(name).await?;
-        let (mut info, heads) = self.meta.read(|meta| {
-            let topic = meta.0.topic_by_name(name).ok_or(LogError::NoSuchTopic)?;
+        let (mut info, heads) = self.read_meta_named(name, |meta| {
+            let topic = meta.topic_by_name(name).ok_or(LogError::NoSuchTopic)?;
             let mut heads = Vec::new();
             let ranges = topic
                 .ranges
                 .values()
                 .map(|range| {
-                    let segments = meta.0.range_segments(topic.topic_id, range.range_id);
+                    let segments = meta.range_segments(topic.topic_id, range.range_id);
                     let mut records = 0;
                     for segment in &segments {
                         match segment.sealed_length() {
@@ -197,8 +204,12 @@ impl Broker {
         self.rolling.lock().expect("rolling lock poisoned").len()
     }
 
+    /// Every topic's name, sorted.
     pub fn list_topics(&self) -> Vec<String> {
-        self.meta.read(|meta| meta.0.topics().map(|topic| topic.name.clone()).collect())
+        let mut names =
+            self.read_every_meta(|meta| meta.topics().map(|topic| topic.name.clone()).collect());
+        names.sort();
+        names
     }
 
     /// In a cluster, a topic unknown here may only be unknown *yet*: created a moment ago
@@ -208,18 +219,17 @@ impl Broker {
     /// reachable), the answer is `metadata_unavailable`, never a definite `no_such_topic`: a
     /// client told a topic does not exist may act on it (delete is done, create anew).
     pub(crate) async fn see_topic(&self, name: &str) -> Result<(), LogError> {
-        let unknown = self.meta.read(|meta| meta.0.topic_by_name(name).is_none());
+        let unknown = self.read_meta_named(name, |meta| meta.topic_by_name(name).is_none());
         if self.cluster.is_none() || !unknown {
             return Ok(());
         }
-        self.meta.read_barrier().await.map_err(|error| {
+        self.ring.named(name).group.read_barrier().await.map_err(|error| {
             LogError::Unavailable(format!("topic {name} unknown here, and {error}"))
         })
     }
 
     pub(crate) fn topic_id(&self, name: &str) -> Result<u64, LogError> {
-        self.meta
-            .read(|meta| meta.0.topic_by_name(name).map(|topic| topic.topic_id))
+        self.read_meta_named(name, |meta| meta.topic_by_name(name).map(|topic| topic.topic_id))
             .ok_or(LogError::NoSuchTopic)
     }
 }

@@ -274,7 +274,7 @@ async fn a_delete_interrupted_before_its_files_went_finishes_later() {
     broker.produce("gone", vec![record("k", "v".into())], &mut Spread::default()).await.unwrap();
     // Metadata forgets the topic; the process "dies" before it deletes a single file.
     let command = malachi_meta::MetaCommand::DeleteTopic { name: "gone".into() };
-    broker.meta_group().propose(command).await.unwrap().unwrap();
+    broker.ring().named("gone").group.propose(command).await.unwrap().unwrap();
     broker.shutdown().await;
     drop(broker);
     let topic_dir = dir.path().join("topics").join("1");
@@ -285,7 +285,7 @@ async fn a_delete_interrupted_before_its_files_went_finishes_later() {
     let broker = open(dir.path()).await;
     broker.run_retention().await.unwrap();
     assert_eq!(segment_files(&topic_dir), 0, "the interrupted delete finished");
-    assert!(broker.meta_group().read(|meta| meta.0.pending_reclaim().is_empty()));
+    assert!(broker.read_meta_named("gone", |meta| meta.pending_reclaim().is_empty()));
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

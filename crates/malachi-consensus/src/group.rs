@@ -465,6 +465,17 @@ impl<M: StateMachine> RaftGroup<M> {
         }
     }
 
+    /// Hands the leadership to voter `to`: this node stops leading and `to` starts an election
+    /// at once, which it wins when its log is as long as a quorum's. Ignored unless this node
+    /// leads; a transfer that does not take ends with an ordinary election.
+    pub async fn transfer_leader(&self, to: u64) -> Result<(), ConsensusError> {
+        self.raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|fatal| fatal_error(&self.store, fatal))
+    }
+
     /// The group's voters in its latest membership this node knows.
     pub fn voters(&self) -> BTreeSet<u64> {
         let metrics = self.raft.metrics();
@@ -550,6 +561,10 @@ impl<M: StateMachine> RaftGroup<M> {
                     Err(error) => Forwarded::Failed { detail: error.to_string() },
                 };
                 encode_message(&answer)
+            }
+            MessageKind::TransferLeader => {
+                let answer = self.raft.handle_transfer_leader(decode_message(payload)?).await;
+                encode_message(&answer.map_err(|fatal| fatal_error(store, fatal))?)
             }
             MessageKind::ReadIndex => {
                 let answer = match self.read_index_here().await {

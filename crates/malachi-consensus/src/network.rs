@@ -32,6 +32,8 @@ use openraft::network::RPCTypes;
 use openraft::raft::AppendEntriesRequest;
 use openraft::raft::AppendEntriesResponse;
 use openraft::raft::SnapshotResponse;
+use openraft::raft::TransferLeaderRequest;
+use openraft::raft::TransferLeaderResponse;
 use openraft::raft::VoteRequest;
 use openraft::raft::VoteResponse;
 use serde::Deserialize;
@@ -84,6 +86,8 @@ pub enum MessageKind {
     /// A read barrier this node asks of the group's leader (not a Raft RPC): an empty payload;
     /// the answer is a `ReadIndex` in JSON.
     ReadIndex = 6,
+    /// The leader hands its leadership to the target, which starts an election at once.
+    TransferLeader = 7,
 }
 
 impl MessageKind {
@@ -99,6 +103,7 @@ impl MessageKind {
             4 => Some(MessageKind::FullSnapshot),
             5 => Some(MessageKind::ClientWrite),
             6 => Some(MessageKind::ReadIndex),
+            7 => Some(MessageKind::TransferLeader),
             _ => None,
         }
     }
@@ -244,6 +249,14 @@ impl<M: StateMachine> RaftNetworkV2<Config<M>> for GroupPeer<M> {
         self.call_json(MessageKind::PreVote, &rpc, &option).await
     }
 
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<Config<M>>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<Config<M>>, RPCError<Config<M>>> {
+        self.call_json(MessageKind::TransferLeader, &rpc, &option).await
+    }
+
     async fn full_snapshot(
         &mut self,
         vote: Vote<M>,
@@ -269,6 +282,7 @@ fn rpc_type(kind: MessageKind) -> RPCTypes {
         MessageKind::Vote | MessageKind::PreVote => RPCTypes::Vote,
         MessageKind::FullSnapshot => RPCTypes::InstallSnapshot,
         MessageKind::ClientWrite | MessageKind::ReadIndex => RPCTypes::AppendEntries,
+        MessageKind::TransferLeader => RPCTypes::TransferLeader,
     }
 }
 

@@ -381,13 +381,14 @@ fn message_kind_codes_round_trip() {
         (MessageKind::FullSnapshot, 4),
         (MessageKind::ClientWrite, 5),
         (MessageKind::ReadIndex, 6),
+        (MessageKind::TransferLeader, 7),
     ];
     for (kind, code) in kinds {
         assert_eq!(kind.code(), code);
         assert_eq!(MessageKind::from_code(code), Some(kind));
     }
     assert_eq!(MessageKind::from_code(0), None);
-    assert_eq!(MessageKind::from_code(7), None);
+    assert_eq!(MessageKind::from_code(8), None);
 }
 
 fn log_id(term: u64, node_id: u64, index: u64) -> LogId<Counters> {
@@ -672,4 +673,37 @@ async fn a_read_barrier_catches_a_member_up_or_refuses() {
     assert!(matches!(refused, Err(ConsensusError::NotLeader { .. })), "{refused:?}");
     third.shutdown().await.unwrap();
     drop((first, second));
+}
+
+/// A leader hands its leadership to a voter: that voter leads in a later term, everything
+/// committed before is there, and writes go on through any member. A transfer to a node
+/// that is not a voter leaves the leader leading.
+#[tokio::test]
+async fn the_leadership_moves_to_the_voter_it_is_handed_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::default();
+    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
+    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
+    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
+    first.add_member(2, true).await.unwrap();
+    first.add_member(3, true).await.unwrap();
+    assert_eq!(first.propose(add("a", 3)).await.unwrap(), 3);
+    let (_, term_before) = first.leader();
+    first.transfer_leader(3).await.unwrap();
+    for _ in 0..2_000 {
+        if third.is_leader() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(third.is_leader(), "node 3 did not take the leadership: {:?}", third.leader());
+    assert!(third.leader().1 > term_before);
+    assert_eq!(third.read(|counters| counters.counts.get("a").copied()), Some(3));
+    assert_eq!(first.propose(add("a", 1)).await.unwrap(), 4, "forwarded to the new leader");
+    third.transfer_leader(9).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(second.propose(add("a", 1)).await.unwrap(), 5);
+    for group in [first, second, third] {
+        group.shutdown().await.unwrap();
+    }
 }

@@ -12,6 +12,7 @@
 mod acl;
 mod brokers;
 mod lockout;
+mod policies;
 mod users;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -74,6 +75,13 @@ pub struct AdminLimits {
     pub max_password_hash_bytes: u32,
     /// A client address is an IP literal; 64 bytes hold any IPv6 text form.
     pub max_address_bytes: u32,
+    /// Defined storage policies. Absent from snapshots taken before policies lived here.
+    #[serde(default = "default_max_policies")]
+    pub max_policies: u32,
+}
+
+fn default_max_policies() -> u32 {
+    AdminLimits::default().max_policies
 }
 
 impl Default for AdminLimits {
@@ -84,6 +92,7 @@ impl Default for AdminLimits {
             max_lockout_entries: 100_000,
             max_password_hash_bytes: 1_024,
             max_address_bytes: 64,
+            max_policies: 10_000,
         }
     }
 }
@@ -167,6 +176,18 @@ pub enum AdminCommand {
     RemoveBroker {
         node_id: u64,
     },
+    /// Defines or replaces a storage policy from raw request fields.
+    DefinePolicy {
+        name: String,
+        fields: Vec<crate::policy::PolicyField>,
+    },
+    /// Deletes a storage policy; `bound_topics` are the topics bound to it in every vnode
+    /// (refused with `policy_in_use` while any are, unless `force`: they turn unresolved).
+    DeletePolicy {
+        name: String,
+        force: bool,
+        bound_topics: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,6 +234,13 @@ pub enum AdminResponse {
         changed: bool,
     },
     BrokerRemoved,
+    PolicyDefined {
+        replaced: bool,
+    },
+    PolicyDeleted {
+        existed: bool,
+        unresolved_topics: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +267,10 @@ pub struct AdminState {
     /// Registered brokers being decommissioned.
     #[serde(default)]
     leaving: BTreeSet<u64>,
+    /// The cluster's storage policy definitions by name. Absent from snapshots taken before
+    /// they moved here from the vnodes.
+    #[serde(default)]
+    policies: crate::policy::PolicyDefinitions,
 }
 
 impl Default for AdminState {
@@ -261,6 +293,7 @@ impl AdminState {
             seeded: BTreeSet::new(),
             brokers: BTreeMap::new(),
             leaving: BTreeSet::new(),
+            policies: Default::default(),
         }
     }
 
@@ -301,6 +334,10 @@ impl AdminState {
                 self.set_broker_leaving(node_id, leaving)
             }
             AdminCommand::RemoveBroker { node_id } => self.remove_broker(node_id),
+            AdminCommand::DefinePolicy { name, fields } => self.define_policy(name, &fields),
+            AdminCommand::DeletePolicy { name, force, bound_topics } => {
+                self.delete_policy(&name, force, bound_topics)
+            }
         };
         if result.is_ok() {
             self.version += 1;

@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::Quota;
 use crate::model::{GroupPosition, SealReport, SegmentRef, SegmentRoll};
-use crate::policy::PolicyField;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaCommand {
@@ -35,16 +34,6 @@ pub enum MetaCommand {
     DeleteGroup {
         topic_id: u64,
         group: String,
-    },
-    /// Defines or replaces a policy from raw request fields.
-    DefinePolicy {
-        name: String,
-        fields: Vec<PolicyField>,
-    },
-    /// Refused with `policy_in_use` while bound, unless `force` (bound topics turn unresolved).
-    DeletePolicy {
-        name: String,
-        force: bool,
     },
     /// `policy: None` detaches.
     BindTopicPolicy {
@@ -197,14 +186,6 @@ pub enum MetaResponse {
     },
     GroupDeleted {
         existed: bool,
-    },
-    PolicyDefined {
-        replaced: bool,
-    },
-    /// `unresolved_topics`: topics a forced delete left bound to an undefined name.
-    PolicyDeleted {
-        existed: bool,
-        unresolved_topics: Vec<String>,
     },
     TopicPolicyBound {
         previous: Option<String>,

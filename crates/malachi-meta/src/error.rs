@@ -316,11 +316,14 @@ pub enum AdminError {
     /// brokers than the cluster may hold.
     #[error("invalid broker registration: {0}")]
     InvalidBroker(String),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
 impl AdminError {
     pub fn reason(&self) -> String {
         let reason = match self {
+            AdminError::Policy(error) => return error.reason(),
             AdminError::InvalidPermissions => "invalid_permissions",
             AdminError::UserExists => "user_exists",
             AdminError::UserNotFound => "user_not_found",

@@ -49,8 +49,12 @@ pub use model::{
 };
 pub use names::validate_topic_name;
 pub use policy::{
-    EffectiveField, EffectiveRetention, FieldOrigin, PolicyDefaults, PolicyDefinition, PolicyField,
-    PolicyResolution, PolicySetting, PolicyValue, RetentionDefaults, TopicPolicyView,
+    EffectiveField, EffectiveRetention, FieldOrigin, PolicyDefaults, PolicyDefinition,
+    PolicyDefinitions, PolicyField, PolicyResolution, PolicySetting, PolicyValue,
+    RetentionDefaults, TopicPolicyView,
 };
-pub use ring::{VnodeArc, name_point, vnode_of_id, vnode_of_name};
+pub use ring::{
+    RingCommand, RingError, RingResponse, RingState, VnodeArc, name_point, vnode_of_id,
+    vnode_of_name,
+};
 pub use state::MetaState;

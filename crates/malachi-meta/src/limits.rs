@@ -23,8 +23,6 @@ pub struct MetaLimits {
     pub max_replicas_per_segment: u32,
     /// Consumer groups with committed positions on one topic.
     pub max_groups_per_topic: u32,
-    /// Defined storage policies.
-    pub max_policies: u32,
     /// Items (segment references or ids) in one expire or reclaim command.
     pub max_items_per_command: u32,
 }
@@ -52,7 +50,6 @@ impl Default for MetaLimits {
             max_segments_per_range: 1_000_000,
             max_replicas_per_segment: 16,
             max_groups_per_topic: 10_000,
-            max_policies: 10_000,
             max_items_per_command: 100_000,
         }
     }

@@ -1,6 +1,11 @@
 //! Storage policies: definitions (a name and three fields), a topic's binding to a name, and the
 //! resolution of what a topic's retention and placement actually are. Does no I/O.
 //!
+//! The definitions are the cluster's, kept by the administrative machine (`admin/policies.rs`),
+//! because an administrator defines them once for every vnode; a topic keeps only the name it is
+//! bound to, in its vnode's metadata. Whatever resolves a binding takes the definitions as an
+//! argument ([`PolicyDefinitions`]).
+//!
 //! The rule from the original system, kept on purpose: a topic bound to a name no definition
 //! backs ("unresolved") expires NOTHING under the cluster retention defaults; only the optional
 //! `unresolved_policy_max_age_ms` backstop applies. Falling back to the defaults would delete,
@@ -8,7 +13,7 @@
 //! A field omitted from a definition inherits the cluster value; a null field turns the rule off;
 //! zero is a real bound.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +26,9 @@ use crate::state::MetaState;
 pub const FIELD_MAX_AGE_MS: &str = "retention.max_age_ms";
 pub const FIELD_MAX_BYTES: &str = "retention.max_bytes";
 pub const FIELD_SPREAD_BY: &str = "spread_by";
+
+/// The cluster's policy definitions by name.
+pub type PolicyDefinitions = BTreeMap<String, PolicyDefinition>;
 
 /// A policy value as the wire carries it (tag 0 null, 1 integer, 2 string).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,30 +246,36 @@ fn effective_field<T>(
     EffectiveField { name: name.to_string(), value, origin }
 }
 
+/// How a binding resolves against `definitions`.
+pub fn resolve_binding(binding: Option<&str>, definitions: &PolicyDefinitions) -> PolicyResolution {
+    match binding {
+        None => PolicyResolution::None,
+        Some(name) if definitions.contains_key(name) => PolicyResolution::Resolved,
+        Some(_) => PolicyResolution::Unresolved,
+    }
+}
+
+/// Checks a policy name (`[A-Za-z0-9._-]{1,249}`, not `.` or `..`).
+pub fn check_policy_name(name: &str) -> Result<(), PolicyError> {
+    if is_valid_name(name) { Ok(()) } else { Err(PolicyError::InvalidPolicyName) }
+}
+
 impl MetaState {
-    /// Defined policies, sorted by name.
-    pub fn list_policies(&self) -> Vec<(&str, &PolicyDefinition)> {
-        self.policies.iter().map(|(name, definition)| (name.as_str(), definition)).collect()
-    }
-
-    pub fn policy(&self, name: &str) -> Option<&PolicyDefinition> {
-        self.policies.get(name)
-    }
-
     /// `get_topic_policy`: the binding, its resolution and every effective value with its origin.
     pub fn topic_policy(
         &self,
         topic: &str,
+        definitions: &PolicyDefinitions,
         defaults: &PolicyDefaults,
     ) -> Result<TopicPolicyView, PolicyError> {
         if !is_valid_name(topic) {
             return Err(PolicyError::InvalidTopic);
         }
         let topic = self.topic_by_name(topic).ok_or(PolicyError::NoSuchTopic)?;
-        let resolution = self.policy_resolution(topic);
+        let resolution = self.policy_resolution(topic, definitions);
         let definition = match resolution {
             PolicyResolution::Resolved => {
-                topic.policy.as_ref().map(|name| self.policies[name].clone())
+                topic.policy.as_ref().map(|name| definitions[name].clone())
             }
             PolicyResolution::None | PolicyResolution::Unresolved => None,
         };
@@ -275,23 +289,24 @@ impl MetaState {
         })
     }
 
-    pub fn policy_resolution(&self, topic: &Topic) -> PolicyResolution {
-        match &topic.policy {
-            None => PolicyResolution::None,
-            Some(name) if self.policies.contains_key(name) => PolicyResolution::Resolved,
-            Some(_) => PolicyResolution::Unresolved,
-        }
+    pub fn policy_resolution(
+        &self,
+        topic: &Topic,
+        definitions: &PolicyDefinitions,
+    ) -> PolicyResolution {
+        resolve_binding(topic.policy.as_deref(), definitions)
     }
 
     /// The retention `topic` is held to under `defaults`.
     pub fn effective_retention(
         &self,
         topic: &Topic,
+        definitions: &PolicyDefinitions,
         defaults: &RetentionDefaults,
     ) -> EffectiveRetention {
         let view = effective_fields(
-            self.policy_resolution(topic),
-            topic.policy.as_ref().and_then(|name| self.policies.get(name)),
+            self.policy_resolution(topic, definitions),
+            topic.policy.as_ref().and_then(|name| definitions.get(name)),
             &PolicyDefaults { retention: *defaults, spread_by: None },
         );
         let integer = |field: &EffectiveField| match field.value {
@@ -301,41 +316,10 @@ impl MetaState {
         EffectiveRetention { max_age_ms: integer(&view[0]), max_bytes: integer(&view[1]) }
     }
 
-    pub(crate) fn define_policy(
-        &mut self,
-        name: String,
-        fields: &[PolicyField],
-    ) -> Result<MetaResponse, MetaError> {
-        if !is_valid_name(&name) {
-            return Err(PolicyError::InvalidPolicyName.into());
-        }
-        let definition = PolicyDefinition::from_fields(fields)?;
-        let replaced = self.policies.contains_key(&name);
-        let limit = self.limits.max_policies;
-        if !replaced && self.policies.len() >= limit as usize {
-            return Err(PolicyError::TooManyPolicies { limit }.into());
-        }
-        self.policies.insert(name, definition);
-        Ok(MetaResponse::PolicyDefined { replaced })
-    }
-
-    pub(crate) fn delete_policy(
-        &mut self,
-        name: &str,
-        force: bool,
-    ) -> Result<MetaResponse, MetaError> {
-        if !is_valid_name(name) {
-            return Err(PolicyError::InvalidPolicyName.into());
-        }
-        let bound = self.topics_bound_to(name);
-        if !bound.is_empty() && !force {
-            return Err(PolicyError::PolicyInUse { topics: bound }.into());
-        }
-        let existed = self.policies.remove(name).is_some();
-        let unresolved_topics = if existed { bound } else { Vec::new() };
-        Ok(MetaResponse::PolicyDeleted { existed, unresolved_topics })
-    }
-
+    /// Binds `topic` to `policy` (or detaches it). The name need not be defined here: the
+    /// definitions are the administrative machine's, and the broker checks the name against
+    /// them before it proposes this; a definition deleted in between leaves the binding
+    /// unresolved, which keeps everything (see the module header).
     pub(crate) fn bind_topic_policy(
         &mut self,
         topic: &str,
@@ -344,21 +328,18 @@ impl MetaState {
         if !is_valid_name(topic) {
             return Err(PolicyError::InvalidTopic.into());
         }
-        if policy.as_deref().is_some_and(|name| !is_valid_name(name)) {
-            return Err(PolicyError::InvalidPolicyName.into());
+        if let Some(name) = &policy {
+            check_policy_name(name)?;
         }
         self.check_owns_name(topic)?;
         let topic_id = *self.topic_ids_by_name.get(topic).ok_or(PolicyError::NoSuchTopic)?;
-        if policy.as_ref().is_some_and(|name| !self.policies.contains_key(name)) {
-            return Err(PolicyError::NoSuchPolicy.into());
-        }
         let topic = self.topics.get_mut(&topic_id).expect("the name index names live topics");
         let previous = std::mem::replace(&mut topic.policy, policy);
         Ok(MetaResponse::TopicPolicyBound { previous })
     }
 
     /// Names of the topics bound to `policy`, sorted.
-    fn topics_bound_to(&self, policy: &str) -> Vec<String> {
+    pub fn topics_bound_to(&self, policy: &str) -> Vec<String> {
         self.topic_ids_by_name
             .iter()
             .filter(|(_, topic_id)| self.topics[topic_id].policy.as_deref() == Some(policy))

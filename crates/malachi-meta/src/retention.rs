@@ -13,14 +13,20 @@ use std::collections::BTreeMap;
 use crate::command::MetaResponse;
 use crate::error::{MetaError, RetentionError};
 use crate::model::{Range, ReclaimEntry, SegmentRef, SegmentState};
-use crate::policy::{EffectiveRetention, RetentionDefaults};
+use crate::policy::{EffectiveRetention, PolicyDefinitions, RetentionDefaults};
 use crate::state::MetaState;
 
 impl MetaState {
     /// Sealed segments to delete now, by topic id, then range id, oldest first per range; at
     /// most `max_items_per_command` of them. Active segments count as empty.
-    pub fn retention_plan(&self, now_ms: u64, defaults: &RetentionDefaults) -> Vec<SegmentRef> {
-        self.retention_plan_with_active_bytes(now_ms, defaults, &BTreeMap::new())
+    /// `definitions` are the cluster's policies (the administrative machine's).
+    pub fn retention_plan(
+        &self,
+        now_ms: u64,
+        definitions: &PolicyDefinitions,
+        defaults: &RetentionDefaults,
+    ) -> Vec<SegmentRef> {
+        self.retention_plan_with_active_bytes(now_ms, definitions, defaults, &BTreeMap::new())
     }
 
     /// As [`MetaState::retention_plan`], with the data plane's byte counts of active segments
@@ -28,12 +34,13 @@ impl MetaState {
     pub fn retention_plan_with_active_bytes(
         &self,
         now_ms: u64,
+        definitions: &PolicyDefinitions,
         defaults: &RetentionDefaults,
         active_bytes: &BTreeMap<u64, u64>,
     ) -> Vec<SegmentRef> {
         let mut plan = Vec::new();
         for topic in self.topics.values() {
-            let retention = self.effective_retention(topic, defaults);
+            let retention = self.effective_retention(topic, definitions, defaults);
             if retention.max_age_ms.is_none() && retention.max_bytes.is_none() {
                 continue;
             }

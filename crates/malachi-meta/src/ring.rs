@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::invariants::InvariantViolation;
+
 /// The most vnodes a ring may have: each is a Raft group on every broker.
 pub const VNODES_MAX: u32 = 256;
 /// Bits of an id below its vnode's block: 2^48 topics and 2^48 segments per vnode.
@@ -84,6 +86,83 @@ pub fn vnode_of_id(id: u64) -> u32 {
     (id >> ID_BLOCK_BITS) as u32 + 1
 }
 
+/// The root group's machine: the ring itself, durable and agreed on by the cluster. It holds
+/// the vnode count, fixed once (`MALACHI_LOG_VNODES` of the broker that created the cluster, or
+/// 1 for a broker that ran a single vnode before the ring existed); the arcs follow from it.
+/// Each vnode's voters are its own Raft group's membership, kept by the seats loop.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingState {
+    vnodes: Option<u32>,
+    /// Commands accepted so far.
+    version: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RingCommand {
+    /// Fixes the ring at `vnodes` vnodes; again with the same count, a no-op.
+    Define { vnodes: u32 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RingResponse {
+    /// `already`: the ring had this count before.
+    Defined { already: bool },
+}
+
+/// Why the root machine refused a command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum RingError {
+    #[error("{0}")]
+    InvalidCount(String),
+    #[error("the ring has {held} vnodes; it cannot become {asked}")]
+    AlreadyDefined { held: u32, asked: u32 },
+}
+
+impl RingError {
+    /// The reason string (ours: the ring never reaches a client).
+    pub fn reason(&self) -> String {
+        match self {
+            RingError::InvalidCount(_) => "invalid_ring".into(),
+            RingError::AlreadyDefined { .. } => "ring_defined".into(),
+        }
+    }
+}
+
+impl RingState {
+    /// The vnode count, once defined.
+    pub fn vnodes(&self) -> Option<u32> {
+        self.vnodes
+    }
+
+    /// The arcs of the defined ring, in vnode order (none before it is defined).
+    pub fn arcs(&self) -> Vec<VnodeArc> {
+        let count = self.vnodes.unwrap_or(0);
+        (1..=count).map(|vnode_id| VnodeArc::of(vnode_id, count)).collect()
+    }
+
+    pub fn apply(&mut self, command: RingCommand) -> Result<RingResponse, RingError> {
+        let RingCommand::Define { vnodes } = command;
+        check_ring(vnodes).map_err(RingError::InvalidCount)?;
+        let response = match self.vnodes {
+            Some(held) if held == vnodes => RingResponse::Defined { already: true },
+            Some(held) => return Err(RingError::AlreadyDefined { held, asked: vnodes }),
+            None => {
+                self.vnodes = Some(vnodes);
+                RingResponse::Defined { already: false }
+            }
+        };
+        self.version += 1;
+        Ok(response)
+    }
+
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        match self.vnodes {
+            Some(count) => check_ring(count).map_err(|detail| InvariantViolation { detail }),
+            None => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,5 +200,34 @@ mod tests {
         assert_eq!(VnodeArc::of(1, 8).id_base(), 0);
         assert_eq!(VnodeArc::of(1, 1), VnodeArc { vnode_id: 1, start: 0, end_inclusive: u64::MAX });
         assert!(check_ring(0).is_err() && check_ring(VNODES_MAX + 1).is_err());
+    }
+
+    #[test]
+    fn the_ring_is_defined_once() {
+        let mut ring = RingState::default();
+        assert_eq!(ring.vnodes(), None);
+        assert!(ring.arcs().is_empty());
+        let define = |vnodes| RingCommand::Define { vnodes };
+        let cases: Vec<(u32, Result<RingResponse, &str>)> = vec![
+            (0, Err("invalid_ring")),
+            (VNODES_MAX + 1, Err("invalid_ring")),
+            (8, Ok(RingResponse::Defined { already: false })),
+            (8, Ok(RingResponse::Defined { already: true })),
+            (4, Err("ring_defined")),
+        ];
+        for (vnodes, expected) in cases {
+            let before = ring.clone();
+            let outcome = ring.apply(define(vnodes));
+            match expected {
+                Ok(response) => assert_eq!(outcome, Ok(response), "{vnodes}"),
+                Err(reason) => {
+                    assert_eq!(outcome.map_err(|error| error.reason()), Err(reason.into()));
+                    assert_eq!(ring, before, "a refusal changes nothing");
+                }
+            }
+            assert!(ring.check_invariants().is_ok());
+        }
+        assert_eq!(ring.vnodes(), Some(8));
+        assert_eq!(ring.arcs(), (1..=8).map(|vnode| VnodeArc::of(vnode, 8)).collect::<Vec<_>>());
     }
 }

@@ -15,7 +15,6 @@ use crate::command::{MetaCommand, MetaResponse};
 use crate::error::{MetaError, TopicError};
 use crate::limits::MetaLimits;
 use crate::model::{ReclaimEntry, Segment, SegmentState, Topic};
-use crate::policy::PolicyDefinition;
 use crate::ring::VnodeArc;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +29,6 @@ pub struct MetaState {
     pub(crate) topic_ids_by_name: BTreeMap<String, u64>,
     /// Every retained segment of every live topic.
     pub(crate) segments: BTreeMap<u64, Segment>,
-    pub(crate) policies: BTreeMap<String, PolicyDefinition>,
     /// Segments whose metadata is gone and whose files the data plane still has to delete.
     pub(crate) pending_reclaim: BTreeMap<u64, ReclaimEntry>,
     /// The vnode's arc of the ring, claimed by its first command. `None` in a state from
@@ -62,7 +60,6 @@ impl MetaState {
             topics: BTreeMap::new(),
             topic_ids_by_name: BTreeMap::new(),
             segments: BTreeMap::new(),
-            policies: BTreeMap::new(),
             pending_reclaim: BTreeMap::new(),
             arc: None,
             coordinator_term: 0,
@@ -97,8 +94,6 @@ impl MetaState {
             MetaCommand::RollSegment(roll) => self.roll_segment(roll),
             MetaCommand::CommitPositions(commit) => self.commit_positions(commit),
             MetaCommand::DeleteGroup { topic_id, group } => self.delete_group(topic_id, &group),
-            MetaCommand::DefinePolicy { name, fields } => self.define_policy(name, &fields),
-            MetaCommand::DeletePolicy { name, force } => self.delete_policy(&name, force),
             MetaCommand::BindTopicPolicy { topic, policy } => {
                 self.bind_topic_policy(&topic, policy)
             }

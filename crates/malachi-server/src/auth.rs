@@ -108,17 +108,13 @@ impl Login<'_> {
         let password = text(&request.password).unwrap_or_default();
         let address = peer.ip().to_string();
         let now_ms = broker.clock().now_ms();
-        let locked =
-            broker.admin_group().read(|admin| admin.0.locked_until(&username, &address, now_ms));
+        let locked = broker.read_admin(|admin| admin.locked_until(&username, &address, now_ms));
         if locked.is_some() {
             return Err(Reason::AccountLocked);
         }
         let attempt = self.count_attempt(now_ms)?;
-        let stored = broker.admin_group().read(|admin| {
-            admin
-                .0
-                .user(&username)
-                .map(|user| (user.password_hash.clone(), user.permissions.clone()))
+        let stored = broker.read_admin(|admin| {
+            admin.user(&username).map(|user| (user.password_hash.clone(), user.permissions.clone()))
         });
         let hash = stored.as_ref().map(|(hash, _)| hash.clone());
         // On the server's own Argon2 threads; a full queue is `overloaded`, judged nothing.
@@ -135,10 +131,10 @@ impl Login<'_> {
         };
         attempt.refund();
         let had_failures =
-            broker.admin_group().read(|admin| admin.0.lockout_entry(&username, &address).is_some());
+            broker.read_admin(|admin| admin.lockout_entry(&username, &address).is_some());
         if had_failures {
             let success = AdminCommand::RecordLoginSuccess { username: username.clone(), address };
-            let _ = broker.admin_group().propose(success).await;
+            let _ = broker.admin_command(success).await;
         }
         let session = Session { username, permissions, password_hash };
         Ok((session, new_token(&**broker.entropy())))
@@ -190,11 +186,8 @@ impl Login<'_> {
 
     /// A session for `username` with its stored permissions, if the user exists.
     fn known_user(&self, username: String, attempt: Attempt<'_>) -> Outcome {
-        let stored = self.broker.admin_group().read(|admin| {
-            admin
-                .0
-                .user(&username)
-                .map(|user| (user.permissions.clone(), user.password_hash.clone()))
+        let stored = self.broker.read_admin(|admin| {
+            admin.user(&username).map(|user| (user.permissions.clone(), user.password_hash.clone()))
         });
         let Some((permissions, password_hash)) = stored else {
             tracing::info!(peer = %self.peer, user = %username, "login names no provisioned user");

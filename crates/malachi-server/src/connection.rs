@@ -211,8 +211,8 @@ impl Connection {
     /// The session's user still exists with the permissions and the password it logged in with.
     pub(crate) fn session_alive(&self) -> bool {
         let session = &self.session;
-        self.broker.admin_group().read(|admin| {
-            admin.0.user(&session.username).is_some_and(|user| {
+        self.broker.read_admin(|admin| {
+            admin.user(&session.username).is_some_and(|user| {
                 user.permissions == session.permissions
                     && user.password_hash == session.password_hash
             })
@@ -268,8 +268,8 @@ impl Connection {
     pub(crate) fn permitted(&self, operation: malachi_meta::Operation, topic: &str) -> bool {
         let strict = self.broker.config().acl_strict;
         let session = &self.session;
-        self.broker.admin_group().read(|admin| {
-            admin.0.allowed(&session.username, &session.permissions, operation, topic, strict)
+        self.broker.read_admin(|admin| {
+            admin.allowed(&session.username, &session.permissions, operation, topic, strict)
         })
     }
 }

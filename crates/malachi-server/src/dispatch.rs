@@ -2,16 +2,14 @@
 //! or the administrative machine. Every refusal is a wire reason.
 
 use bytes::Bytes;
+use malachi_broker::error::LogError;
 use malachi_broker::fetch::FetchArgs;
 use malachi_broker::gossip::PeerStatus;
-use malachi_meta::{
-    AdminCommand, AdminError, MetaCommand, Operation, PolicyDefaults, RetentionDefaults,
-};
+use malachi_meta::{AdminCommand, AdminError, Operation};
 use malachi_wire::messages::{
     AclEntry, AclRequest, Broker as WireBroker, BrokerStatus, ClusterStateResponse,
-    CreateUserRequest, Empty, FetchRequest, FetchResponse, ListAclsResponse, ListPoliciesResponse,
-    ListUsersResponse, ListUsersWithRolesResponse, NamedPolicy, ProduceRequest, ProduceResponse,
-    UserPermissions, UserWithRole,
+    CreateUserRequest, Empty, FetchRequest, FetchResponse, ListAclsResponse, ListUsersResponse,
+    ListUsersWithRolesResponse, ProduceRequest, ProduceResponse, UserPermissions, UserWithRole,
 };
 use malachi_wire::{ApiKey, Reason, Request, Response};
 
@@ -138,7 +136,7 @@ async fn commit(
 
 fn cluster_state(connection: &Connection, corr: u32) -> Outcome {
     let broker = &connection.broker;
-    let version = broker.meta_group().read(|meta| meta.0.version());
+    let version = broker.metadata_version();
     let brokers = broker
         .cluster_view()
         .brokers
@@ -213,10 +211,11 @@ async fn admin(connection: &mut Connection, corr: u32, request: Request) -> Outc
 }
 
 async fn admin_command(connection: &Connection, command: AdminCommand) -> Result<(), String> {
-    match connection.broker.admin_group().propose(command).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(error)) => Err(error.reason()),
-        Err(_) => Err(Reason::PersistFailed.as_str().to_string()),
+    match connection.broker.admin_command(command).await {
+        Ok(_) => Ok(()),
+        // The original answers an administrative write it could not commit so.
+        Err(LogError::Unavailable(_)) => Err(Reason::PersistFailed.as_str().to_string()),
+        Err(error) => Err(error.reason()),
     }
 }
 
@@ -288,9 +287,8 @@ fn permission_name(permission: malachi_meta::Permission) -> &'static str {
 }
 
 fn list_users(connection: &Connection) -> Response {
-    let users = connection.broker.admin_group().read(|admin| {
+    let users = connection.broker.read_admin(|admin| {
         admin
-            .0
             .list_users()
             .into_iter()
             .map(|(name, permissions)| UserPermissions {
@@ -303,9 +301,8 @@ fn list_users(connection: &Connection) -> Response {
 }
 
 fn list_users_with_roles(connection: &Connection) -> Response {
-    let users = connection.broker.admin_group().read(|admin| {
+    let users = connection.broker.read_admin(|admin| {
         admin
-            .0
             .list_users_with_roles()
             .into_iter()
             .map(|(name, permissions, role)| UserWithRole {
@@ -324,9 +321,8 @@ fn list_users_with_roles(connection: &Connection) -> Response {
 }
 
 fn list_acls(connection: &Connection, username: &str) -> Response {
-    let acls = connection.broker.admin_group().read(|admin| {
+    let acls = connection.broker.read_admin(|admin| {
         admin
-            .0
             .list_acls(username)
             .into_iter()
             .map(|(operation, pattern)| AclEntry {
@@ -339,42 +335,4 @@ fn list_acls(connection: &Connection, username: &str) -> Response {
             .collect()
     });
     Response::ListAcls(ListAclsResponse { acls })
-}
-
-/// The defaults `get_topic_policy` reports as global values.
-pub(crate) fn policy_defaults(connection: &Connection) -> PolicyDefaults {
-    let config = connection.broker.config();
-    PolicyDefaults {
-        retention: RetentionDefaults {
-            max_age_ms: config.retention_max_age_ms,
-            max_bytes: config.retention_max_bytes,
-            unresolved_policy_max_age_ms: config.retention_unresolved_policy_max_age_ms,
-        },
-        spread_by: None,
-    }
-}
-
-pub(crate) async fn meta_command(
-    connection: &Connection,
-    command: MetaCommand,
-) -> Result<malachi_meta::MetaResponse, String> {
-    match connection.broker.meta_group().propose(command).await {
-        Ok(Ok(response)) => Ok(response),
-        Ok(Err(error)) => Err(error.reason()),
-        Err(_) => Err(Reason::MetadataUnavailable.as_str().to_string()),
-    }
-}
-
-pub(crate) fn list_policies(connection: &Connection) -> Response {
-    let policies = connection.broker.meta_group().read(|meta| {
-        meta.0
-            .list_policies()
-            .into_iter()
-            .map(|(name, definition)| NamedPolicy {
-                name: text_bytes(name),
-                fields: convert::policy_fields_to_wire(&definition.to_fields()),
-            })
-            .collect()
-    });
-    Response::ListPolicies(ListPoliciesResponse { policies })
 }

@@ -44,7 +44,7 @@ impl LockoutBatcher {
             let Some(batch) = self.take() else { return };
             let now_ms = broker.clock().now_ms();
             let command = AdminCommand::RecordLoginFailures { failures: batch, now_ms };
-            if let Err(error) = broker.admin_group().propose(command).await {
+            if let Err(error) = broker.admin_command(command).await {
                 tracing::warn!(%error, "failed logins could not be recorded");
             }
         }

@@ -88,6 +88,8 @@ struct Swarm {
     auto_split: bool,
     segment_max_bytes: u64,
     retention_bytes: u64,
+    /// Vnodes on the ring (`MALACHI_LOG_VNODES`).
+    vnodes: u64,
 }
 
 impl Swarm {
@@ -120,6 +122,7 @@ impl Swarm {
             auto_split: pick(&[0, 1]) == 1,
             segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
             retention_bytes: pick(&[8_192, 65_536]),
+            vnodes: pick(&[1, 3, 8]),
         };
         if canary == Some(ClusterCanary::CoordinateDeposed) {
             // Leadership must move while the coordinators are busy.
@@ -146,6 +149,7 @@ impl Swarm {
             ("CLUSTER_PORT", "4042".into()),
             ("ADVERTISE_HOST", format!("node-{node_id}")),
             ("NODE_ID", node_id.to_string()),
+            ("LOG_VNODES", self.vnodes.to_string()),
         ]
     }
 }
@@ -486,13 +490,17 @@ impl ClusterWorld {
             producer: FINAL_PRODUCER,
             sequence: 1,
         };
-        let op = Op::Produce(Produce {
-            topic: topic.to_string(),
-            records: vec![record.clone()],
-            retry_of: None,
-        });
+        // A failed attempt's outcome is unknown: the next one is its retry, so that a record
+        // written by both is one write, not two.
+        let mut retry_of = None;
         for attempt in 0..3 {
-            let op_id = self.history_mut(|history| history.invoke(FINAL_PRODUCER, op.clone()));
+            let op = Op::Produce(Produce {
+                topic: topic.to_string(),
+                records: vec![record.clone()],
+                retry_of,
+            });
+            let op_id = self.history_mut(|history| history.invoke(FINAL_PRODUCER, op));
+            retry_of.get_or_insert(op_id);
             let (topic, record) = (topic.to_string(), record.clone());
             match self.on_a_broker(move |broker| {
                 Box::pin(workload::produce_on_node(broker, topic, record))
@@ -535,7 +543,8 @@ impl ClusterWorld {
     fn check_fence(&mut self) {
         let Some(index) = self.serving() else { return };
         let Some(broker) = self.nodes[index].broker() else { return };
-        let stale = broker.meta_group().read(|meta| meta.0.stale_coordinator_commands());
+        let stale: u64 =
+            broker.read_every_meta(|meta| vec![meta.stale_coordinator_commands()]).iter().sum();
         if stale > 0 {
             self.findings.push(format!(
                 "StaleCoordinator: {stale} coordinator commands of an old term reached the log \

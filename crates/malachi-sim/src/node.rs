@@ -228,6 +228,8 @@ impl SimNode {
             } else {
                 malachi_consensus::FirstBoot::AwaitLeader
             },
+            // What a seed's welcome would tell a joining broker.
+            vnodes_hint: (!first).then_some(self.config.cluster.vnodes),
         });
         let (listener, mut accepted) = tokio::sync::mpsc::unbounded_channel();
         net.listen_on(self.node_id, crate::net::Port::Cluster, listener);

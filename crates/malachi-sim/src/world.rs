@@ -645,11 +645,10 @@ impl World {
     /// Segments of the workload topics, sealed or active, with their sealed data size.
     fn workload_segments(&self) -> Vec<(SegmentKey, Option<u64>)> {
         let Some(broker) = self.node.broker() else { return Vec::new() };
-        broker.meta_group().read(|meta| {
-            let meta = &meta.0;
-            let mut segments = Vec::new();
-            for name in [ORDERS, EVENTS] {
-                let Some(topic) = meta.topic_by_name(name) else { continue };
+        let mut segments = Vec::new();
+        for name in [ORDERS, EVENTS] {
+            broker.read_meta_named(name, |meta| {
+                let Some(topic) = meta.topic_by_name(name) else { return };
                 for &range_id in topic.ranges.keys() {
                     for segment in meta.range_segments(topic.topic_id, range_id) {
                         let segment_id = segment.segment_id;
@@ -657,9 +656,9 @@ impl World {
                         segments.push((key, segment.sealed_length().map(|(_, bytes)| bytes)));
                     }
                 }
-            }
-            segments
-        })
+            });
+        }
+        segments
     }
 
     /// Flips a bit in, or cuts, the frames of a random sealed segment of a workload topic.
@@ -763,8 +762,9 @@ impl World {
             }
         };
         if let Some(broker) = self.node.broker() {
-            let sealed = broker.meta_group().read(|meta| {
-                meta.0.segment(damage.key.segment_id).is_none_or(|segment| !segment.is_active())
+            let segment_id = damage.key.segment_id;
+            let sealed = broker.read_meta(segment_id, |meta| {
+                meta.segment(segment_id).is_none_or(|segment| !segment.is_active())
             });
             let data = broker.data_plane();
             let status = data.peek(damage.key).map(|segment| segment.status());
@@ -797,14 +797,18 @@ impl World {
             producer: FINAL_PRODUCER,
             sequence: 1,
         };
-        let op = Op::Produce(Produce {
-            topic: topic.to_string(),
-            records: vec![record.clone()],
-            retry_of: None,
-        });
+        // A failed attempt's outcome is unknown: the next one is its retry, so that a record
+        // written by both is one write, not two.
+        let mut retry_of = None;
         for attempt in 0..3 {
+            let op = Op::Produce(Produce {
+                topic: topic.to_string(),
+                records: vec![record.clone()],
+                retry_of,
+            });
             let Some(broker) = self.node.broker() else { break };
-            let op_id = self.history_mut(|history| history.invoke(FINAL_PRODUCER, op.clone()));
+            let op_id = self.history_mut(|history| history.invoke(FINAL_PRODUCER, op));
+            retry_of.get_or_insert(op_id);
             let future = workload::produce_on_node(broker, topic.to_string(), record.clone());
             let Some(task) = self.node.spawn(future) else { break };
             let mut waited = 0;

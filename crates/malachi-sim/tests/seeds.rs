@@ -140,11 +140,13 @@ fn the_cut_damage_canary_is_caught() {
 
 /// Cluster seeds every CI run replays (3 to 5 brokers, crashes, partitions between brokers).
 const CLUSTER_SEEDS: std::ops::Range<u64> = 0..8;
+/// Cluster seeds that found bugs (docs/testing.md says what each found).
+const CLUSTER_REGRESSION_SEEDS: &[u64] = &[204, 264, 326];
 
 #[test]
 fn cluster_seeds_pass() {
     let mut failures = Vec::new();
-    for seed in CLUSTER_SEEDS {
+    for seed in CLUSTER_SEEDS.chain(CLUSTER_REGRESSION_SEEDS.iter().copied()) {
         let outcome = run_cluster(&ClusterOptions::new(seed));
         if !outcome.passed() {
             failures.push(fail_with_cluster(&outcome));

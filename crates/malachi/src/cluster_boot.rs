@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_broker::cluster::{fetch_welcome, peer_handler};
+use malachi_broker::cluster::{Welcome, fetch_welcome, peer_handler};
 use malachi_broker::config::{BrokerConfig, join_host_port};
 use malachi_broker::gossip::Gossip;
 use malachi_broker::node::{BootReport, Broker, ClusterDeps, NodeDeps, write_cursor_secret};
@@ -40,8 +40,10 @@ pub async fn open_member(config: BrokerConfig) -> Result<Member, String> {
     let first_boot = !identity::exists(&data_dir);
     let node_id = config.node_id.unwrap_or(identity::DEFAULT_NODE_ID);
     let transport = Transport::new(node_id, "");
+    let mut vnodes_hint = None;
     let identity = if first_boot && !seeds.is_empty() {
         let welcome = welcome_from_any(&transport, &seeds).await?;
+        vnodes_hint = welcome.vnodes;
         let storage = malachi_log::storage::RealStorage;
         malachi_broker::node::create_data_dir(&storage, &data_dir)
             .map_err(|error| format!("{}: {error}", data_dir.display()))?;
@@ -54,7 +56,8 @@ pub async fn open_member(config: BrokerConfig) -> Result<Member, String> {
     .map_err(|error| error.to_string())?;
     let transport = Transport::new(identity.node_id, &identity.cluster_id);
     if !first_boot {
-        refuse_another_cluster(&transport, &seeds).await?;
+        let welcome = refuse_another_cluster(&transport, &seeds).await?;
+        vnodes_hint = welcome.and_then(|welcome| welcome.vnodes);
     }
     let listen = join_host_port(&config.bind_address, config.cluster.port);
     let listener = tokio::net::TcpListener::bind(&listen)
@@ -71,6 +74,7 @@ pub async fn open_member(config: BrokerConfig) -> Result<Member, String> {
             } else {
                 FirstBoot::AwaitLeader
             },
+            vnodes_hint,
         }),
         ..NodeDeps::production(config, identity.node_id)
     };
@@ -112,8 +116,12 @@ async fn bind_gossip(config: &BrokerConfig) -> Result<(UdpSocket, SocketAddr), S
 
 /// Stops a broker whose data directory belongs to another cluster than its seeds: a seed
 /// refuses its hello, naming both clusters. Seeds that cannot be reached prove nothing (the
-/// whole cluster may be restarting), so the start goes on.
-async fn refuse_another_cluster(transport: &Transport, seeds: &[String]) -> Result<(), String> {
+/// whole cluster may be restarting), so the start goes on. The welcome of the seed that
+/// answered, if any: it tells the ring's size to a broker that never finished joining.
+async fn refuse_another_cluster(
+    transport: &Transport,
+    seeds: &[String],
+) -> Result<Option<Welcome>, String> {
     for seed in seeds {
         match fetch_welcome(transport, seed).await {
             Ok(welcome) if welcome.cluster_id != transport.cluster_id() => {
@@ -123,21 +131,18 @@ async fn refuse_another_cluster(transport: &Transport, seeds: &[String]) -> Resu
                     welcome.cluster_id
                 ));
             }
-            Ok(_) => return Ok(()),
+            Ok(welcome) => return Ok(Some(welcome)),
             Err(error) if error.contains("refused by") => {
                 return Err(format!("the seed refused this broker: {error}"));
             }
             Err(error) => tracing::warn!(%seed, %error, "seed not reachable at start"),
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 /// The welcome of the first seed that answers, retrying all of them for a while.
-async fn welcome_from_any(
-    transport: &Transport,
-    seeds: &[String],
-) -> Result<malachi_broker::cluster::Welcome, String> {
+async fn welcome_from_any(transport: &Transport, seeds: &[String]) -> Result<Welcome, String> {
     let mut waited_ms = 0;
     loop {
         let mut errors = Vec::new();

@@ -1,15 +1,16 @@
 //! Three real `malachi serve` processes on 127.0.0.1 forming one cluster: metadata (topics,
 //! users, ACLs) written through any broker is seen through every other, produce and fetch work
-//! through the broker holding the segments, and kill -9 of the brokers' Raft leader leaves the
-//! other two serving metadata at once; the killed broker rejoins as the same member.
+//! through the broker holding the segments, the vnodes' leadership spreads over the brokers,
+//! and kill -9 of a vnode's leader leaves the other two serving metadata at once; the killed
+//! broker rejoins as the same member.
 
 mod common;
 
 use std::process::Child;
 use std::time::{Duration, Instant};
 
-use common::{BrokerProcess, free_port};
-use malachi_client::{Client, FetchOptions, RangeState, RecordBuilder};
+use common::{BrokerProcess, free_port, leader_of, vnodes_led};
+use malachi_client::{Client, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 
@@ -44,22 +45,6 @@ impl Member {
     async fn admin(&self) -> Client {
         self.process.connect_as("admin", ADMIN_PASSWORD).await
     }
-
-    /// The groups this broker last logged leading, as `(group_id, term)`.
-    fn led(&self) -> Vec<(u64, u64)> {
-        let log = self.process.log();
-        let mut led = std::collections::BTreeMap::new();
-        for line in log.lines().filter(|line| line.contains("group leader")) {
-            let field = |name: &str| -> Option<u64> {
-                let start = line.find(&format!("{name}="))? + name.len() + 1;
-                line[start..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-            };
-            if let (Some(group), Some(term)) = (field("group_id"), field("term")) {
-                led.insert(group, (term, line.contains("leads=true")));
-            }
-        }
-        led.into_iter().filter(|(_, (_, leads))| *leads).map(|(g, (t, _))| (g, t)).collect()
-    }
 }
 
 impl Drop for Member {
@@ -93,6 +78,29 @@ where
             Err(error) if Instant::now() > deadline => panic!("{what}: {error}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
+    }
+}
+
+/// Waits until every group has a leader and the vnodes' leadership has spread over the
+/// `brokers` brokers (each leads as many as any other, give or take one), so that no hand-over
+/// moves a leader under the test.
+async fn leadership_spread(client: &Client, brokers: u64) -> ClusterStatusResponse {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = client.cluster_status().await.unwrap();
+        let led = vnodes_led(&status);
+        let vnodes = status.groups.len() as u64 - 2;
+        let even =
+            led.values().max().zip(led.values().min()).is_some_and(|(max, min)| max - min <= 1);
+        let spread = status.groups.iter().all(|group| group.leader != 0)
+            && led.len() as u64 == brokers.min(vnodes)
+            && even;
+        if spread {
+            eprintln!("vnode leadership spread: {led:?}");
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the vnodes' leadership did not spread: {led:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -238,18 +246,10 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
         }
     }
 
-    // Kill the broker leading the vnode group (1), measured from the kill to the first
-    // metadata write that succeeds through a survivor.
-    // Brokers log leadership on their maintenance tick (1 s).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let leader = loop {
-        let leading = |member: &Member| member.led().iter().any(|&(group, _)| group == 1);
-        if let Some(leader) = members.iter().position(leading) {
-            break leader;
-        }
-        assert!(Instant::now() < deadline, "no broker logged leading the vnode");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // Kill the broker leading the vnode that holds the next topic, measured from the kill to
+    // the first metadata write to that vnode that succeeds through a survivor.
+    let status = leadership_spread(&clients[0], 3).await;
+    let leader = leader_of(&status, "after-kill") as usize - 1;
     members[leader].kill();
     let survivor = (leader + 1) % 3;
     let killed_at = Instant::now();
@@ -432,15 +432,9 @@ async fn kill_under_load_loses_no_acknowledged_record() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let leader = loop {
-        let leading = |member: &Member| member.led().iter().any(|&(group, _)| group == 1);
-        if let Some(leader) = members.iter().position(leading) {
-            break leader;
-        }
-        assert!(Instant::now() < deadline, "no broker logged leading the vnode");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // The leader of load1's vnode dies (and, with it, the vnodes it leads besides).
+    let status = clients[0].cluster_status().await.unwrap();
+    let leader = leader_of(&status, "load1") as usize - 1;
     members[leader].kill();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     members[leader].start();
@@ -493,14 +487,11 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
     for member in &members {
         clients.push(member.admin().await);
     }
-    eventually("a vnode leader", || async {
-        let status = clients[0].cluster_status().await.map_err(|e| e.to_string())?;
-        let vnode = status.groups.iter().find(|group| group.group_id == 1);
-        if vnode.is_some_and(|group| group.leader != 0) { Ok(()) } else { Err("none".into()) }
-    })
-    .await;
-    let status = clients[0].cluster_status().await.unwrap();
-    let leader = status.groups.iter().find(|group| group.group_id == 1).unwrap().leader;
+    let status = leadership_spread(&clients[0], 3).await;
+    // The two topics live in vnodes of one leader, so that the reshapes of both are its own.
+    let names: Vec<String> = (0..64).map(|n| format!("busy{n}")).collect();
+    let leader = leader_of(&status, "manual");
+    let busy = names.iter().find(|name| leader_of(&status, name) == leader).expect("a name");
     let followers: Vec<usize> = (0..3).filter(|&i| i as u64 + 1 != leader).collect();
 
     // An operator's split through a follower.
@@ -515,7 +506,7 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
     );
 
     // Load through both followers: heads fill and roll, the hot range splits.
-    follower.create_topic("busy").await.unwrap();
+    follower.create_topic(busy).await.unwrap();
     let mut acknowledged = 0;
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(6) {
@@ -527,25 +518,27 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
                         .build()
                 })
                 .collect();
-            acknowledged += clients[at].produce("busy", batch).await.unwrap() as usize;
+            acknowledged += clients[at].produce(busy, batch).await.unwrap() as usize;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eventually("the busy topic rolled and split", || async {
-        let described = follower.describe_topic("busy").await.map_err(|e| e.to_string())?;
+        let described = follower.describe_topic(busy).await.map_err(|e| e.to_string())?;
         let active = described.ranges.iter().filter(|r| r.state == RangeState::Active).count();
         let rolled = described.ranges.iter().any(|range| range.segments > 1);
         if active > 1 && rolled { Ok(()) } else { Err(format!("{described:?}")) }
     })
     .await;
     for client in &clients {
-        let (read, _) = common::drain(client, "busy", None).await;
+        let (read, _) = common::drain(client, busy, None).await;
         assert_eq!(read.len(), acknowledged, "every acknowledged record, through every broker");
     }
     for (at, member) in members.iter().enumerate() {
         let reshaped = member.process.log().contains("reshaped");
         assert_eq!(reshaped, at as u64 + 1 == leader, "broker {} logged a reshape", at + 1);
     }
+    let after = clients[0].cluster_status().await.unwrap();
+    assert_eq!(leader_of(&after, busy), leader, "the leadership stayed where it settled");
 }
 
 /// Seats follow the brokers: the vnode seat of a broker dead longer than

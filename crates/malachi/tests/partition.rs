@@ -235,10 +235,13 @@ fn produce_until(
     })
 }
 
-async fn vnode_leader(client: &Client) -> Result<u64, String> {
+/// The broker leading the vnode that holds `topic`.
+async fn vnode_leader(client: &Client, topic: &str) -> Result<u64, String> {
     let status = client.cluster_status().await.map_err(|error| error.to_string())?;
-    let vnode = status.groups.iter().find(|group| group.group_id == 1).ok_or("no vnode group")?;
-    if vnode.leader == 0 { Err("no vnode leader yet".into()) } else { Ok(vnode.leader) }
+    match common::leader_of(&status, topic) {
+        0 => Err("no vnode leader yet".into()),
+        leader => Ok(leader),
+    }
 }
 
 /// Whether `client`'s broker reports every broker in `node_ids` with `status`.
@@ -281,8 +284,10 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
         Ok(())
     })
     .await;
-    eventually("a vnode leader", 10, || async { vnode_leader(&clients[0]).await.map(drop) }).await;
-    let isolated = vnode_leader(&clients[0]).await.unwrap() as usize - 1;
+    // Cut off the leader of the vnode the majority writes to next.
+    let leader = || async { vnode_leader(&clients[0], "during").await.map(drop) };
+    eventually("a vnode leader", 10, leader).await;
+    let isolated = vnode_leader(&clients[0], "during").await.unwrap() as usize - 1;
     let majority: Vec<usize> = (0..HOSTS).filter(|&host| host != isolated).collect();
 
     // Load through the majority brokers, on the topics created through them (a producer whose
@@ -382,7 +387,7 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
         }
     }
     eprintln!(
-        "isolated broker {isolated_id} (the vnode leader): metadata writes through the majority \
+        "isolated broker {isolated_id} (the written vnode's leader): metadata writes through the majority \
          stalled {stall:?}; converged {converged:?} after healing ({:?} since); {total} records \
          acknowledged during the run, all read back through every broker",
         healed_at.elapsed()

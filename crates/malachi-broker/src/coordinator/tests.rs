@@ -73,7 +73,7 @@ fn only_the_leader_decides_and_each_decision_names_its_term() {
         assert!(decisions.iter().all(|decision| decision.term == term), "step {step}");
         // Ticks decide no rolls, and nothing for a range that is rolling.
         coordinator.load_report(1, &hot(topic), NOW_MS);
-        let ticked = coordinator.tick(&meta, NOW_MS);
+        let ticked = coordinator.tick(&meta, &Default::default(), NOW_MS);
         assert!(ticked.iter().all(|decision| decision.action.ranges().is_empty()), "{ticked:?}");
     }
 }
@@ -85,19 +85,25 @@ fn load_reports_drive_splits_and_go_stale() {
     coordinator.leadership(true, 1);
     coordinator.load_report(1, &hot(topic), NOW_MS);
     let split = Action::Split { topic_id: topic, range_id: 0 };
-    let decided: Vec<Action> =
-        coordinator.tick(&meta, NOW_MS).into_iter().map(|decision| decision.action).collect();
+    let decided: Vec<Action> = coordinator
+        .tick(&meta, &Default::default(), NOW_MS)
+        .into_iter()
+        .map(|decision| decision.action)
+        .collect();
     assert_eq!(decided, vec![split.clone()]);
     // While the split runs the topic is left alone; once it finished, the cooldown holds.
-    assert_eq!(coordinator.tick(&meta, NOW_MS + 1), vec![]);
+    assert_eq!(coordinator.tick(&meta, &Default::default(), NOW_MS + 1), vec![]);
     coordinator.finished(&split, NOW_MS + 2);
     coordinator.load_report(1, &hot(topic), NOW_MS + 2);
-    assert_eq!(coordinator.tick(&meta, NOW_MS + 500), vec![]);
+    assert_eq!(coordinator.tick(&meta, &Default::default(), NOW_MS + 500), vec![]);
     // Past the cooldown, a report two windows old counts for nothing: both ranges look cold and
     // the buddies merge.
     let later = NOW_MS + 2 + 20_001;
-    let decided: Vec<Action> =
-        coordinator.tick(&meta, later).into_iter().map(|decision| decision.action).collect();
+    let decided: Vec<Action> = coordinator
+        .tick(&meta, &Default::default(), later)
+        .into_iter()
+        .map(|decision| decision.action)
+        .collect();
     assert_eq!(decided, vec![Action::Merge { topic_id: topic, left: 0, right: 1 }]);
 }
 
@@ -110,7 +116,7 @@ fn an_operators_reshape_claims_its_ranges() {
     assert!(coordinator.claim(&merge));
     assert!(!coordinator.claim(&Action::Split { topic_id: topic, range_id: 1 }));
     assert_eq!(coordinator.roll_wanted(&meta, topic, 0, 2), None, "the merge holds both ranges");
-    assert_eq!(coordinator.tick(&meta, NOW_MS), vec![]);
+    assert_eq!(coordinator.tick(&meta, &Default::default(), NOW_MS), vec![]);
     coordinator.finished(&merge, NOW_MS);
     assert!(coordinator.claim(&Action::Split { topic_id: topic, range_id: 1 }));
 }
@@ -132,17 +138,27 @@ fn retention_runs_once_per_interval_on_the_leader() {
     let mut config = config();
     config.retention.max_age_ms = Some(1);
     let mut coordinator = Coordinator::new(config, false);
-    assert_eq!(coordinator.tick(&meta, NOW_MS), vec![], "not the leader");
+    assert_eq!(coordinator.tick(&meta, &Default::default(), NOW_MS), vec![], "not the leader");
     coordinator.leadership(true, 1);
     let expire =
         Action::Expire { segments: vec![SegmentRef { topic_id: topic, range_id: 0, segment_id }] };
-    let due: Vec<Action> = coordinator.tick(&meta, NOW_MS).into_iter().map(|d| d.action).collect();
+    let due: Vec<Action> = coordinator
+        .tick(&meta, &Default::default(), NOW_MS)
+        .into_iter()
+        .map(|d| d.action)
+        .collect();
     assert!(due.contains(&expire), "{due:?}");
-    let soon: Vec<Action> =
-        coordinator.tick(&meta, NOW_MS + 4_999).into_iter().map(|d| d.action).collect();
+    let soon: Vec<Action> = coordinator
+        .tick(&meta, &Default::default(), NOW_MS + 4_999)
+        .into_iter()
+        .map(|d| d.action)
+        .collect();
     assert!(!soon.contains(&expire));
-    let later: Vec<Action> =
-        coordinator.tick(&meta, NOW_MS + 5_000).into_iter().map(|d| d.action).collect();
+    let later: Vec<Action> = coordinator
+        .tick(&meta, &Default::default(), NOW_MS + 5_000)
+        .into_iter()
+        .map(|d| d.action)
+        .collect();
     assert!(later.contains(&expire));
 }
 
@@ -171,9 +187,12 @@ fn a_ranges_rate_sums_every_brokers_report() {
     // Each broker alone is under the split threshold of 100/s; together they are over it.
     let range_1 = ((topic, 1), rate(50));
     coordinator.load_report(1, &[((topic, 0), rate(60)), range_1], NOW_MS);
-    assert_eq!(coordinator.tick(&meta, NOW_MS), vec![]);
+    assert_eq!(coordinator.tick(&meta, &Default::default(), NOW_MS), vec![]);
     coordinator.load_report(2, &[((topic, 0), rate(60))], NOW_MS);
-    let decided: Vec<Action> =
-        coordinator.tick(&meta, NOW_MS).into_iter().map(|d| d.action).collect();
+    let decided: Vec<Action> = coordinator
+        .tick(&meta, &Default::default(), NOW_MS)
+        .into_iter()
+        .map(|d| d.action)
+        .collect();
     assert_eq!(decided, vec![Action::Split { topic_id: topic, range_id: 0 }]);
 }

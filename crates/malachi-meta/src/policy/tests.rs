@@ -1,24 +1,38 @@
-//! Tables for policy definitions, deletion, binding and resolution.
+//! Tables for policy definitions (the administrative machine's), deletion, binding (a
+//! vnode's) and resolution.
 
 use super::*;
+use crate::admin::{AdminCommand, AdminLimits, AdminResponse, AdminState};
 use crate::command::MetaCommand;
-use crate::limits::MetaLimits;
 use crate::testkit::{apply_ok, assert_refused, create};
 
 fn field(name: &str, value: PolicyValue) -> PolicyField {
     PolicyField { name: name.to_string(), value }
 }
 
-fn define(name: &str, fields: Vec<PolicyField>) -> MetaCommand {
-    MetaCommand::DefinePolicy { name: name.to_string(), fields }
+fn define(name: &str, fields: Vec<PolicyField>) -> AdminCommand {
+    AdminCommand::DefinePolicy { name: name.to_string(), fields }
 }
 
 fn bind(topic: &str, policy: Option<&str>) -> MetaCommand {
     MetaCommand::BindTopicPolicy { topic: topic.to_string(), policy: policy.map(str::to_string) }
 }
 
-fn delete(name: &str, force: bool) -> MetaCommand {
-    MetaCommand::DeletePolicy { name: name.to_string(), force }
+/// Deletes `name` as a broker would: with the topics `meta` binds to it.
+fn delete(meta: &MetaState, name: &str, force: bool) -> AdminCommand {
+    let bound_topics = meta.topics_bound_to(name);
+    AdminCommand::DeletePolicy { name: name.to_string(), force, bound_topics }
+}
+
+fn admin_ok(admin: &mut AdminState, command: AdminCommand) -> AdminResponse {
+    admin.apply(command.clone()).unwrap_or_else(|error| panic!("{command:?}: {error}"))
+}
+
+fn admin_refused(admin: &mut AdminState, command: AdminCommand, reason: &str) {
+    let before = admin.clone();
+    let error = admin.apply(command.clone()).expect_err("refused");
+    assert_eq!(error.reason(), reason, "{command:?}");
+    assert_eq!(admin, &before, "a refusal changes nothing: {command:?}");
 }
 
 #[test]
@@ -87,60 +101,55 @@ fn from_fields_table() {
 
 #[test]
 fn define_replace_and_list_sorted() {
-    let mut state = MetaState::default();
+    let mut admin = AdminState::default();
     let age = |ms| vec![field(FIELD_MAX_AGE_MS, PolicyValue::Int(ms))];
-    assert_eq!(
-        apply_ok(&mut state, define("short", age(1))),
-        MetaResponse::PolicyDefined { replaced: false }
-    );
-    assert_eq!(
-        apply_ok(&mut state, define("long", age(9))),
-        MetaResponse::PolicyDefined { replaced: false }
-    );
-    assert_eq!(
-        apply_ok(&mut state, define("short", age(2))),
-        MetaResponse::PolicyDefined { replaced: true }
-    );
+    let defined = |replaced| AdminResponse::PolicyDefined { replaced };
+    assert_eq!(admin_ok(&mut admin, define("short", age(1))), defined(false));
+    assert_eq!(admin_ok(&mut admin, define("long", age(9))), defined(false));
+    assert_eq!(admin_ok(&mut admin, define("short", age(2))), defined(true));
     let listed: Vec<(&str, PolicySetting<u64>)> =
-        state.list_policies().into_iter().map(|(name, d)| (name, d.max_age_ms.clone())).collect();
+        admin.policies().iter().map(|(name, d)| (name.as_str(), d.max_age_ms.clone())).collect();
     assert_eq!(listed, vec![("long", PolicySetting::Value(9)), ("short", PolicySetting::Value(2))]);
 }
 
 #[test]
 fn define_refusals() {
-    let limits = MetaLimits { max_policies: 1, ..MetaLimits::default() };
-    let mut state = MetaState::new(limits);
-    apply_ok(&mut state, define("only", vec![]));
-    let cases: Vec<(MetaCommand, &str)> = vec![
+    let limits = AdminLimits { max_policies: 1, ..AdminLimits::default() };
+    let mut admin = AdminState::new(limits, Default::default());
+    admin_ok(&mut admin, define("only", vec![]));
+    let cases: Vec<(AdminCommand, &str)> = vec![
         (define("", vec![]), "invalid_policy_name"),
         (define("bad name", vec![]), "invalid_policy_name"),
         (define("p", vec![field("nope", PolicyValue::Null)]), "unknown_policy_field: nope"),
         (define("second", vec![]), "invalid_policy: 1 policies are already defined"),
     ];
     for (command, reason) in cases {
-        assert_refused(&mut state, command, reason);
+        admin_refused(&mut admin, command, reason);
     }
-    apply_ok(&mut state, define("only", vec![field(FIELD_MAX_BYTES, PolicyValue::Int(5))]));
+    admin_ok(&mut admin, define("only", vec![field(FIELD_MAX_BYTES, PolicyValue::Int(5))]));
 }
 
 #[test]
 fn delete_in_use_needs_force_and_leaves_bindings_unresolved() {
-    let mut state = MetaState::default();
+    let (mut state, mut admin) = (MetaState::default(), AdminState::default());
     for topic in ["zeta", "alpha", "free"] {
         apply_ok(&mut state, create(topic, None));
     }
-    apply_ok(&mut state, define("keep", vec![]));
+    admin_ok(&mut admin, define("keep", vec![]));
     apply_ok(&mut state, bind("zeta", Some("keep")));
     apply_ok(&mut state, bind("alpha", Some("keep")));
-    assert_refused(&mut state, delete("keep", false), "policy_in_use: alpha, zeta");
-    assert_refused(&mut state, delete("bad name", true), "invalid_policy_name");
-    let response = apply_ok(&mut state, delete("keep", true));
+    admin_refused(&mut admin, delete(&state, "keep", false), "policy_in_use: alpha, zeta");
+    admin_refused(&mut admin, delete(&state, "bad name", true), "invalid_policy_name");
+    let response = admin_ok(&mut admin, delete(&state, "keep", true));
     let unresolved_topics = vec!["alpha".to_string(), "zeta".to_string()];
-    assert_eq!(response, MetaResponse::PolicyDeleted { existed: true, unresolved_topics });
+    assert_eq!(response, AdminResponse::PolicyDeleted { existed: true, unresolved_topics });
     let alpha = state.topic_by_name("alpha").expect("topic");
-    assert_eq!(state.policy_resolution(alpha), PolicyResolution::Unresolved);
-    let response = apply_ok(&mut state, delete("never-defined", false));
-    assert_eq!(response, MetaResponse::PolicyDeleted { existed: false, unresolved_topics: vec![] });
+    assert_eq!(state.policy_resolution(alpha, admin.policies()), PolicyResolution::Unresolved);
+    let response = admin_ok(&mut admin, delete(&state, "never-defined", false));
+    assert_eq!(
+        response,
+        AdminResponse::PolicyDeleted { existed: false, unresolved_topics: vec![] }
+    );
 }
 
 #[test]
@@ -155,12 +164,12 @@ fn policy_in_use_reason_is_bounded() {
 fn bind_table() {
     let mut state = MetaState::default();
     apply_ok(&mut state, create("orders", None));
-    apply_ok(&mut state, define("p", vec![]));
+    // An undefined name is checked by the broker against the administrative machine's
+    // definitions; the vnode binds any valid name (one deleted later is unresolved).
     let cases: Vec<(MetaCommand, &str)> = vec![
         (bind("bad topic", Some("p")), "invalid_topic"),
         (bind("orders", Some("bad name")), "invalid_policy_name"),
         (bind("missing", Some("p")), "no_such_topic"),
-        (bind("orders", Some("undefined")), "no_such_policy"),
     ];
     for (command, reason) in cases {
         assert_refused(&mut state, command, reason);
@@ -187,7 +196,7 @@ fn view_fields(view: &TopicPolicyView) -> Vec<(&str, PolicyValue, u8)> {
 
 /// Topics "plain" (unbound), "bound" (to p: age 7, bytes off) and "orphan" (bound to a policy
 /// deleted by force), with the cluster defaults they resolve against.
-fn resolution_fixture() -> (MetaState, PolicyDefaults) {
+fn resolution_fixture() -> (MetaState, PolicyDefinitions, PolicyDefaults) {
     use PolicyValue::{Int, Null};
     let defaults = PolicyDefaults {
         retention: RetentionDefaults {
@@ -197,23 +206,23 @@ fn resolution_fixture() -> (MetaState, PolicyDefaults) {
         },
         spread_by: Some("zone".into()),
     };
-    let mut state = MetaState::default();
+    let (mut state, mut admin) = (MetaState::default(), AdminState::default());
     for topic in ["plain", "bound", "orphan"] {
         apply_ok(&mut state, create(topic, None));
     }
     let p_fields = vec![field(FIELD_MAX_AGE_MS, Int(7)), field(FIELD_MAX_BYTES, Null)];
-    apply_ok(&mut state, define("p", p_fields));
-    apply_ok(&mut state, define("gone", vec![]));
+    admin_ok(&mut admin, define("p", p_fields));
+    admin_ok(&mut admin, define("gone", vec![]));
     apply_ok(&mut state, bind("bound", Some("p")));
     apply_ok(&mut state, bind("orphan", Some("gone")));
-    apply_ok(&mut state, delete("gone", true));
-    (state, defaults)
+    admin_ok(&mut admin, delete(&state, "gone", true));
+    (state, admin.policies().clone(), defaults)
 }
 
 #[test]
 fn topic_policy_resolution_table() {
     use PolicyValue::{Int, Null, Str};
-    let (state, defaults) = resolution_fixture();
+    let (state, definitions, defaults) = resolution_fixture();
     let cases: Vec<ViewCase> = vec![
         (
             "plain",
@@ -247,12 +256,12 @@ fn topic_policy_resolution_table() {
         ),
     ];
     for (topic, resolution, has_definition, fields) in cases {
-        let view = state.topic_policy(topic, &defaults).expect("view");
+        let view = state.topic_policy(topic, &definitions, &defaults).expect("view");
         assert_eq!(view.resolution.wire_code(), resolution, "{topic}");
         assert_eq!(view.definition.is_some(), has_definition, "{topic}");
         assert_eq!(view_fields(&view), fields, "{topic}");
         let topic = state.topic_by_name(topic).expect("topic");
-        let retention = state.effective_retention(topic, &defaults.retention);
+        let retention = state.effective_retention(topic, &definitions, &defaults.retention);
         let expected = |field: &(&str, PolicyValue, u8)| match field.1 {
             Int(value) => Some(value),
             _ => None,
@@ -269,12 +278,13 @@ fn topic_policy_resolution_table() {
 
 #[test]
 fn an_unresolved_binding_without_backstop_expires_nothing() {
-    let (state, defaults) = resolution_fixture();
+    let (state, definitions, defaults) = resolution_fixture();
     let unresolved_without_backstop =
         RetentionDefaults { unresolved_policy_max_age_ms: None, ..defaults.retention };
     let orphan = state.topic_by_name("orphan").expect("topic");
-    let retention = state.effective_retention(orphan, &unresolved_without_backstop);
+    let retention = state.effective_retention(orphan, &definitions, &unresolved_without_backstop);
     assert_eq!(retention, EffectiveRetention { max_age_ms: None, max_bytes: None });
-    assert_eq!(state.topic_policy("x y", &defaults), Err(PolicyError::InvalidTopic));
-    assert_eq!(state.topic_policy("nope", &defaults), Err(PolicyError::NoSuchTopic));
+    let view = |topic| state.topic_policy(topic, &definitions, &defaults);
+    assert_eq!(view("x y"), Err(PolicyError::InvalidTopic));
+    assert_eq!(view("nope"), Err(PolicyError::NoSuchTopic));
 }

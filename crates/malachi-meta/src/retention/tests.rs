@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crate::command::{MetaCommand, MetaResponse};
 use crate::limits::MetaLimits;
 use crate::model::SegmentRef;
-use crate::policy::{PolicyField, PolicyValue, RetentionDefaults};
+use crate::policy::{PolicyDefinitions, PolicyField, PolicyValue, RetentionDefaults};
 use crate::state::MetaState;
 use crate::testkit::{NOW_MS, apply_ok, assert_refused, create, roll, split, with_topic};
 
@@ -51,7 +51,12 @@ fn plan_table() {
     ];
     for (now_ms, defaults, active, expected) in cases {
         let active_bytes: BTreeMap<u64, u64> = [(4, active)].into_iter().collect();
-        let plan = state.retention_plan_with_active_bytes(now_ms, &defaults, &active_bytes);
+        let plan = state.retention_plan_with_active_bytes(
+            now_ms,
+            &PolicyDefinitions::new(),
+            &defaults,
+            &active_bytes,
+        );
         assert_eq!(plan, refs(1, 0, &expected), "{now_ms} {defaults:?} active {active}");
     }
 }
@@ -69,8 +74,10 @@ fn plan_covers_sealed_ranges_and_respects_policies() {
         PolicyField { name: "retention.max_age_ms".into(), value: PolicyValue::Null },
         PolicyField { name: "retention.max_bytes".into(), value: PolicyValue::Null },
     ];
-    apply_ok(&mut state, MetaCommand::DefinePolicy { name: "keep".into(), fields: keep });
-    apply_ok(&mut state, MetaCommand::DefinePolicy { name: "gone".into(), fields: vec![] });
+    // "gone" was defined, bound, then deleted: its topics are unresolved.
+    let definitions: PolicyDefinitions =
+        [("keep".to_string(), crate::policy::PolicyDefinition::from_fields(&keep).expect("valid"))]
+            .into();
     let bind = |topic: &str, policy: &str| MetaCommand::BindTopicPolicy {
         topic: topic.into(),
         policy: Some(policy.into()),
@@ -78,15 +85,14 @@ fn plan_covers_sealed_ranges_and_respects_policies() {
     apply_ok(&mut state, bind("b", "keep"));
     apply_ok(&mut state, bind("c", "gone"));
     apply_ok(&mut state, bind("d", "gone"));
-    apply_ok(&mut state, MetaCommand::DeletePolicy { name: "gone".into(), force: true });
     let later = NOW_MS + 1_000 * MINUTE_MS;
-    let plan = state.retention_plan(later, &retention(Some(MINUTE_MS), Some(0)));
+    let plan = state.retention_plan(later, &definitions, &retention(Some(MINUTE_MS), Some(0)));
     assert_eq!(plan, refs(1, 0, &[1]), "sealed parents expire; keep and unresolved hold");
     let with_backstop = RetentionDefaults {
         unresolved_policy_max_age_ms: Some(MINUTE_MS),
         ..retention(None, None)
     };
-    let plan = state.retention_plan(later, &with_backstop);
+    let plan = state.retention_plan(later, &definitions, &with_backstop);
     assert_eq!(plan, [refs(3, 0, &[7]), refs(4, 0, &[10])].concat(), "only the backstop applies");
 }
 
@@ -99,7 +105,9 @@ fn plan_is_bounded_by_the_command_limit() {
         let command = roll(&state, 1, 0, 1, NOW_MS);
         apply_ok(&mut state, command);
     }
-    assert_eq!(state.retention_plan(NOW_MS + 1, &retention(Some(0), None)), refs(1, 0, &[1, 2]));
+    let plan =
+        state.retention_plan(NOW_MS + 1, &PolicyDefinitions::new(), &retention(Some(0), None));
+    assert_eq!(plan, refs(1, 0, &[1, 2]));
 }
 
 #[test]

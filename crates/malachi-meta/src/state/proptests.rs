@@ -719,7 +719,7 @@ impl StateMachineTest for MetaMachine {
         let command = match step {
             Step::Command(command) => command,
             Step::Retention { now_ms, defaults } => {
-                let plan = harness.state.retention_plan(now_ms, &defaults);
+                let plan = harness.state.retention_plan(now_ms, &Default::default(), &defaults);
                 assert_eq!(plan, model.plan, "retention plans differ");
                 MetaCommand::ExpireSegments { segments: plan }
             }

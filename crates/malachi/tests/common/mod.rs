@@ -181,3 +181,27 @@ pub async fn drain(client: &Client, topic: &str, cursor: Option<Bytes>) -> (Vec<
 pub fn value(record: &Record) -> String {
     String::from_utf8(record.value.to_vec()).unwrap()
 }
+
+/// The vnode groups of the ring (group ids 1 to 256; 0 is the administrative group, the root
+/// sits above), and which holds `topic`, as every broker computes it.
+pub fn vnode_of(status: &malachi_client::ClusterStatusResponse, topic: &str) -> u64 {
+    let vnodes = status.groups.iter().filter(|group| (1..=256).contains(&group.group_id)).count();
+    u64::from(malachi_meta::vnode_of_name(topic, vnodes as u32))
+}
+
+/// The broker leading the vnode that holds `topic` (0: none known).
+pub fn leader_of(status: &malachi_client::ClusterStatusResponse, topic: &str) -> u64 {
+    let group_id = vnode_of(status, topic);
+    status.groups.iter().find(|group| group.group_id == group_id).map_or(0, |group| group.leader)
+}
+
+/// How many vnodes each broker leads, by node id.
+pub fn vnodes_led(
+    status: &malachi_client::ClusterStatusResponse,
+) -> std::collections::BTreeMap<u64, usize> {
+    let mut led = std::collections::BTreeMap::new();
+    for group in status.groups.iter().filter(|group| (1..=256).contains(&group.group_id)) {
+        *led.entry(group.leader).or_default() += 1;
+    }
+    led
+}

@@ -1,0 +1,83 @@
+//! Storage policies through the broker: definitions in the administrative group (cluster-wide),
+//! a topic's binding in its vnode, and what a binding resolves to. The one door the server's
+//! policy keys (17-21) go through.
+
+use malachi_meta::{
+    AdminCommand, AdminResponse, MetaCommand, PolicyDefaults, PolicyDefinition, PolicyDefinitions,
+    PolicyError, PolicyField, TopicPolicyView,
+};
+
+use crate::error::LogError;
+use crate::node::{Broker, retention_defaults};
+
+impl Broker {
+    /// Defines or replaces policy `name` for the whole cluster.
+    pub async fn define_policy(
+        &self,
+        name: String,
+        fields: Vec<PolicyField>,
+    ) -> Result<(), LogError> {
+        self.admin_command(AdminCommand::DefinePolicy { name, fields }).await.map(drop)
+    }
+
+    /// Deletes policy `name`: refused (`policy_in_use`) while topics are bound to it, unless
+    /// `force` (they turn unresolved and keep every record). Returns the topics left unresolved.
+    pub async fn delete_policy(&self, name: &str, force: bool) -> Result<Vec<String>, LogError> {
+        let bound_topics = self.topics_bound_to(name);
+        let command = AdminCommand::DeletePolicy { name: name.into(), force, bound_topics };
+        match self.admin_command(command).await? {
+            AdminResponse::PolicyDeleted { unresolved_topics, .. } => Ok(unresolved_topics),
+            other => unreachable!("delete_policy answered {other:?}"),
+        }
+    }
+
+    /// The cluster's policies, sorted by name.
+    pub fn list_policies(&self) -> Vec<(String, PolicyDefinition)> {
+        self.read_admin(|admin| {
+            admin.policies().iter().map(|(name, policy)| (name.clone(), policy.clone())).collect()
+        })
+    }
+
+    /// Binds `topic` to a defined policy, or detaches it (`None`).
+    pub async fn bind_topic_policy(
+        &self,
+        topic: &str,
+        policy: Option<String>,
+    ) -> Result<(), LogError> {
+        if let Some(name) = &policy {
+            malachi_meta::policy::check_policy_name(name).map_err(policy_error)?;
+            if self.read_admin(|admin| admin.policy(name).is_none()) {
+                return Err(policy_error(PolicyError::NoSuchPolicy));
+            }
+        }
+        self.see_topic(topic).await?;
+        let command = MetaCommand::BindTopicPolicy { topic: topic.into(), policy };
+        self.propose_meta_named(topic, command).await.map(drop)
+    }
+
+    /// `get_topic_policy`: the binding, its resolution and every effective value.
+    pub async fn topic_policy(&self, topic: &str) -> Result<TopicPolicyView, LogError> {
+        self.see_topic(topic).await?;
+        let definitions = self.policy_definitions();
+        let defaults =
+            PolicyDefaults { retention: retention_defaults(&self.config), spread_by: None };
+        self.read_meta_named(topic, |meta| meta.topic_policy(topic, &definitions, &defaults))
+            .map_err(policy_error)
+    }
+
+    /// The cluster's policy definitions now (the administrative group's, as applied here).
+    pub(crate) fn policy_definitions(&self) -> PolicyDefinitions {
+        self.read_admin(|admin| admin.policies().clone())
+    }
+
+    /// The topics bound to `policy`, over every vnode, sorted.
+    fn topics_bound_to(&self, policy: &str) -> Vec<String> {
+        let mut bound = self.read_every_meta(|meta| meta.topics_bound_to(policy));
+        bound.sort();
+        bound
+    }
+}
+
+fn policy_error(error: PolicyError) -> LogError {
+    LogError::Meta(error.into())
+}
