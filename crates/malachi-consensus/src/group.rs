@@ -353,13 +353,30 @@ impl<M: StateMachine> RaftGroup<M> {
     /// for that commit index. Reads are local and may lag otherwise; this is for the reads
     /// whose answer would be wrong if they lagged (a topic created a moment ago through another
     /// broker must not be `no_such_topic`).
+    ///
+    /// While no leader is known, or the one asked no longer leads (an election, a leadership
+    /// handed over), it retries as [`RaftGroup::propose`] does, for up to `propose_wait_ms`.
     pub async fn read_barrier(&self) -> Result<(), ConsensusError> {
-        let index = match self.leader().0 {
-            Some(leader) if leader == self.node_id => self.read_index_here().await?,
-            Some(leader) => self.read_index_from(leader).await?,
-            None => return Err(ConsensusError::NotLeader { leader_hint: None }),
-        };
-        self.wait_applied(index).await
+        let mut waited_ms = 0;
+        let mut attempt = 0u32;
+        loop {
+            let index = match self.leader().0 {
+                Some(leader) if leader == self.node_id => self.read_index_here().await,
+                Some(leader) => self.read_index_from(leader).await,
+                None => Err(ConsensusError::NotLeader { leader_hint: None }),
+            };
+            match index {
+                Ok(index) => return self.wait_applied(index).await,
+                Err(error @ ConsensusError::NotLeader { .. }) if waited_ms < self.propose_wait_ms => {
+                    tracing::trace!(group_id = self.group_id, %error, "read barrier: no leader yet");
+                }
+                Err(error) => return Err(error),
+            }
+            let pause_ms = (10u64 << attempt.min(5)).min(PROPOSE_RETRY_MS_MAX);
+            attempt += 1;
+            waited_ms += pause_ms;
+            Config::<M>::sleep(Duration::from_millis(pause_ms)).await;
+        }
     }
 
     /// The commit index a read on the leader must wait for, once a quorum confirmed it leads.

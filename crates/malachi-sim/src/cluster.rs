@@ -29,6 +29,10 @@ use crate::world::{EPOCH_MS, RunOutcome, RunStats, reason_name, trace_hash};
 const TICK: Duration = Duration::from_millis(1);
 /// Ticks the heal phase (and each final step) may take before the run is declared stuck.
 const HEAL_TICKS_MAX: u64 = 120_000;
+/// The final produce and drains are tried this often, `FINAL_RETRY_PAUSE_MS` apart, before a
+/// healed cluster counts as refusing them (a retryable refusal is what a client retries).
+const FINAL_ATTEMPTS: u32 = 10;
+const FINAL_RETRY_PAUSE_MS: u64 = 500;
 /// The process and producer id of the final produce (actors' ids start at 2).
 const FINAL_PRODUCER: u64 = 1;
 
@@ -483,6 +487,14 @@ impl ClusterWorld {
         self.clients.block_on(task).unwrap_or_else(|error| Err(error.to_string()))
     }
 
+    /// Lets the healed cluster settle before a final call is retried: brokers restarted at
+    /// the heal elect leaders and hand vnodes' leadership over, as a client's retry would wait.
+    fn pause_before_retry(&mut self) {
+        for _ in 0..FINAL_RETRY_PAUSE_MS {
+            self.tick();
+        }
+    }
+
     fn final_produce(&mut self, topic: &str) {
         let record = WrittenRecord {
             key: Some(b"final".to_vec()),
@@ -493,7 +505,10 @@ impl ClusterWorld {
         // A failed attempt's outcome is unknown: the next one is its retry, so that a record
         // written by both is one write, not two.
         let mut retry_of = None;
-        for attempt in 0..3 {
+        for attempt in 0..FINAL_ATTEMPTS {
+            if attempt > 0 {
+                self.pause_before_retry();
+            }
             let op = Op::Produce(Produce {
                 topic: topic.to_string(),
                 records: vec![record.clone()],
@@ -515,12 +530,17 @@ impl ClusterWorld {
                 }
             }
         }
-        self.findings.push(format!("the healed cluster refused a produce to {topic} three times"));
+        self.findings.push(format!(
+            "the healed cluster refused a produce to {topic} {FINAL_ATTEMPTS} times"
+        ));
     }
 
     fn final_drain(&mut self, topic: &str) {
         let op = |records, skipped| Op::Drain(Drain { topic: topic.to_string(), records, skipped });
-        for _attempt in 0..3 {
+        for attempt in 0..FINAL_ATTEMPTS {
+            if attempt > 0 {
+                self.pause_before_retry();
+            }
             let op_id = self.history_mut(|history| history.invoke(0, op(Vec::new(), 0)));
             let name = topic.to_string();
             match self.on_a_broker(move |broker| Box::pin(workload::drain_on_node(broker, name))) {
@@ -534,7 +554,7 @@ impl ClusterWorld {
                 }
             }
         }
-        self.findings.push(format!("the final drain of {topic} failed three times"));
+        self.findings.push(format!("the final drain of {topic} failed {FINAL_ATTEMPTS} times"));
     }
 
     /// The coordinator fence: a command of an old term that reached the log after a newer
