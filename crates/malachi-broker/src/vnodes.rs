@@ -202,6 +202,15 @@ pub(crate) async fn open_ring(
     )
     .await?;
     let count = match ring_size(&root, open).await {
+        Ok(count) if count != open.vnodes_configured => {
+            tracing::warn!(
+                vnodes = count,
+                configured = open.vnodes_configured,
+                "the ring's size was fixed when this cluster (or broker) was created; \
+                 MALACHI_LOG_VNODES applies only to a new one"
+            );
+            count
+        }
         Ok(count) => count,
         Err(error) => {
             let _ = root.shutdown().await;

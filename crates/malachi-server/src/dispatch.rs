@@ -155,8 +155,8 @@ fn cluster_state(connection: &Connection, corr: u32) -> Outcome {
             }
         })
         .collect();
-    let response =
-        ClusterStateResponse { version, streams_enabled: false, brokers, vnodes: vec![1] };
+    let vnodes = broker.ring().iter().map(|vnode| vnode.vnode_id()).collect();
+    let response = ClusterStateResponse { version, streams_enabled: false, brokers, vnodes };
     Connection::reply(corr, Response::ClusterState(response))
 }
 
