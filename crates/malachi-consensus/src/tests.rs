@@ -557,6 +557,16 @@ async fn open_member(
     group
 }
 
+/// Three voters of group 7, node 1 leading.
+async fn three_voters(dir: &tempfile::TempDir, net: &LocalNet) -> [Arc<RaftGroup<Counters>>; 3] {
+    let first = open_member(dir, net, 1, FirstBoot::Initialize).await;
+    let second = open_member(dir, net, 2, FirstBoot::AwaitLeader).await;
+    let third = open_member(dir, net, 3, FirstBoot::AwaitLeader).await;
+    first.add_member(2, true).await.unwrap();
+    first.add_member(3, true).await.unwrap();
+    [first, second, third]
+}
+
 /// Three voters: writes proposed on a follower are forwarded and readable there at once; the
 /// leader's crash stalls writes only until the others elect a new one.
 #[tokio::test]
@@ -600,11 +610,7 @@ async fn followers_forward_writes_and_survive_the_leaders_crash() {
 async fn a_minority_refuses_writes_in_bounded_time() {
     let dir = tempfile::tempdir().unwrap();
     let net = LocalNet::default();
-    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
-    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
-    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
-    first.add_member(2, true).await.unwrap();
-    first.add_member(3, true).await.unwrap();
+    let [first, second, third] = three_voters(&dir, &net).await;
     for node in [1, 2] {
         net.down(node).shutdown().await.unwrap();
     }
@@ -625,11 +631,7 @@ async fn a_minority_refuses_writes_in_bounded_time() {
 async fn a_forward_to_a_silenced_leader_ends_with_its_leadership() {
     let dir = tempfile::tempdir().unwrap();
     let net = LocalNet::default();
-    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
-    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
-    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
-    first.add_member(2, true).await.unwrap();
-    first.add_member(3, true).await.unwrap();
+    let [first, second, third] = three_voters(&dir, &net).await;
     assert_eq!(second.propose(add("a", 1)).await.unwrap(), 1);
     net.silence(1);
     // fast_config's forward timeout is 5 s; well before it, the followers elect another leader.
@@ -653,11 +655,7 @@ async fn a_forward_to_a_silenced_leader_ends_with_its_leadership() {
 async fn a_read_barrier_catches_a_member_up_or_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let net = LocalNet::default();
-    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
-    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
-    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
-    first.add_member(2, true).await.unwrap();
-    first.add_member(3, true).await.unwrap();
+    let [first, second, third] = three_voters(&dir, &net).await;
     for round in 1..=20u64 {
         first.propose(add("a", 1)).await.unwrap();
         for member in [&first, &second, &third] {
@@ -682,11 +680,7 @@ async fn a_read_barrier_catches_a_member_up_or_refuses() {
 async fn the_leadership_moves_to_the_voter_it_is_handed_to() {
     let dir = tempfile::tempdir().unwrap();
     let net = LocalNet::default();
-    let first = open_member(&dir, &net, 1, FirstBoot::Initialize).await;
-    let second = open_member(&dir, &net, 2, FirstBoot::AwaitLeader).await;
-    let third = open_member(&dir, &net, 3, FirstBoot::AwaitLeader).await;
-    first.add_member(2, true).await.unwrap();
-    first.add_member(3, true).await.unwrap();
+    let [first, second, third] = three_voters(&dir, &net).await;
     assert_eq!(first.propose(add("a", 3)).await.unwrap(), 3);
     let (_, term_before) = first.leader();
     first.transfer_leader(3).await.unwrap();
