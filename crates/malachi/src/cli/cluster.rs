@@ -103,6 +103,7 @@ fn status_name(status: u8) -> &'static str {
 fn group_name(group_id: u64) -> String {
     match group_id {
         0 => "admin".into(),
+        malachi_broker::vnodes::ROOT_GROUP_ID => "root (ring)".into(),
         vnode => format!("vnode {vnode}"),
     }
 }
@@ -143,6 +144,13 @@ mod tests {
                     learners: vec![],
                 },
                 ClusterGroup {
+                    group_id: malachi_broker::vnodes::ROOT_GROUP_ID,
+                    leader: 1,
+                    term: 1,
+                    voters: vec![1],
+                    learners: vec![],
+                },
+                ClusterGroup {
                     group_id: 1,
                     leader: 0,
                     term: 2,
@@ -162,6 +170,7 @@ mod tests {
         assert_eq!(row("1 "), ["1", "alive", "10.0.0.1:4040", "10.0.0.1:4042", "rack=a"]);
         assert_eq!(row("2 "), ["2", "dead", "10.0.0.2:4040", "-", "-"]);
         assert_eq!(row("admin"), ["admin", "1", "4", "1,2", "-"]);
+        assert_eq!(row("root"), ["root", "(ring)", "1", "1", "1", "-"]);
         assert_eq!(row("vnode"), ["vnode", "1", "(none)", "2", "1", "2"]);
     }
 }
