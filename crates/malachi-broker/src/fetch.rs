@@ -24,6 +24,10 @@ use crate::remote::Remote;
 pub const FETCH_MAX_DEFAULT: u32 = 100;
 pub const FETCH_MAX_LIMIT: u32 = 1000;
 pub const FETCH_WAIT_MS_MAX: u32 = 30_000;
+/// Read barriers a fetch takes, at most, when it finds its metadata behind the topic's: a
+/// pass reads the topic and then its segments, so a reshape committing in between can make a
+/// pass behind again; a few catch-ups outlast any burst of reshapes.
+const FETCH_CATCH_UPS_MAX: u32 = 3;
 /// Room a response frame needs besides its records and cursor: length, corr, error code, count.
 const PAGE_ENVELOPE_BYTES: u64 = 1024;
 
@@ -108,22 +112,23 @@ impl Broker {
     /// cannot take is `metadata_unavailable`, never an empty page.
     pub async fn fetch(&self, args: &FetchArgs<'_>) -> Result<FetchPage, LogError> {
         self.see_topic(args.topic).await?;
-        if let Pass::Page(page) = self.fetch_pass(args, false).await? {
-            return Ok(page);
+        for catch_up in 0..=FETCH_CATCH_UPS_MAX {
+            let last = catch_up == FETCH_CATCH_UPS_MAX;
+            if let Pass::Page(page) = self.fetch_pass(args, last).await? {
+                return Ok(page);
+            }
+            self.ring.named(args.topic).group.read_barrier().await.map_err(|error| {
+                LogError::Unavailable(format!(
+                    "this broker's metadata is behind topic {}'s, and {error}",
+                    args.topic
+                ))
+            })?;
         }
-        self.ring.named(args.topic).group.read_barrier().await.map_err(|error| {
-            LogError::Unavailable(format!(
-                "this broker's metadata is behind topic {}'s, and {error}",
-                args.topic
-            ))
-        })?;
-        match self.fetch_pass(args, true).await? {
-            Pass::Page(page) => Ok(page),
-            Pass::Behind => unreachable!("a caught-up pass answers a page"),
-        }
+        unreachable!("the last pass answers a page")
     }
 
-    async fn fetch_pass(&self, args: &FetchArgs<'_>, caught_up: bool) -> Result<Pass, LogError> {
+    /// One pass; `last` answers a page even when it finds this broker behind.
+    async fn fetch_pass(&self, args: &FetchArgs<'_>, last: bool) -> Result<Pass, LogError> {
         let max = clamp_max(args.max);
         let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
         let Some(topic) = self.topic_named(args.topic) else {
@@ -143,7 +148,7 @@ impl Broker {
             };
             let (records, skipped, behind) =
                 self.read_frontier(&topic, &mut frontier, max, args.total_max).await?;
-            if records.is_empty() && behind && !caught_up {
+            if records.is_empty() && behind && !last {
                 return Ok(Pass::Behind);
             }
             if !records.is_empty() || wait_ms == 0 || deadline.is_elapsed() {
@@ -306,6 +311,11 @@ impl Broker {
         {
             read.skipped += first.base - offset;
             offset = first.base;
+        }
+        // An active range's last segment is its head, never sealed in one metadata version: a
+        // sealed one means the range moved on (a roll, split or merge) after `range` was read.
+        if range.is_active() && spans.last().is_some_and(|(span, _)| span.sealed_end.is_some()) {
+            read.behind = true;
         }
         let range_end = spans.last().map_or(offset, |(_, end)| *end);
         let mut full = false;

@@ -367,7 +367,9 @@ impl<M: StateMachine> RaftGroup<M> {
             };
             match index {
                 Ok(index) => return self.wait_applied(index).await,
-                Err(error @ ConsensusError::NotLeader { .. }) if waited_ms < self.propose_wait_ms => {
+                Err(error @ ConsensusError::NotLeader { .. })
+                    if waited_ms < self.propose_wait_ms =>
+                {
                     tracing::trace!(group_id = self.group_id, %error, "read barrier: no leader yet");
                 }
                 Err(error) => return Err(error),
