@@ -298,6 +298,15 @@ impl Broker {
             .map_err(|error| error.to_string())
     }
 
+    /// Whether every group on this broker knows its voters: a broker that does not is a new
+    /// one, or one whose join stopped part-way, and joins (again) through its seeds.
+    pub fn joined(&self) -> bool {
+        let knows = |voters: std::collections::BTreeSet<u64>| !voters.is_empty();
+        knows(self.admin.voters())
+            && knows(self.root.voters())
+            && self.ring.iter().all(|vnode| knows(vnode.group.voters()))
+    }
+
     /// Every Raft group on this broker: the administrative group, the root, the vnodes.
     pub fn group_ids(&self) -> Vec<u64> {
         [ADMIN_GROUP_ID, ROOT_GROUP_ID]

@@ -112,6 +112,11 @@ impl Coordinator {
         }
     }
 
+    /// Whether no decided operation is in flight (a leadership handed over now fences none).
+    pub fn is_idle(&self) -> bool {
+        self.busy.is_empty()
+    }
+
     /// The term decisions are made in now, if any.
     pub fn deciding_term(&self) -> Option<u64> {
         match self.term {

@@ -112,9 +112,14 @@ impl Broker {
     /// cannot take is `metadata_unavailable`, never an empty page.
     pub async fn fetch(&self, args: &FetchArgs<'_>) -> Result<FetchPage, LogError> {
         self.see_topic(args.topic).await?;
+        // One long poll for the whole fetch, whatever the passes: the runtime's timer, not a
+        // clock read, so under the simulator's paused time it is virtual.
+        let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
+        let deadline = tokio::time::sleep(Duration::from_millis(u64::from(wait_ms)));
+        tokio::pin!(deadline);
         for catch_up in 0..=FETCH_CATCH_UPS_MAX {
             let last = catch_up == FETCH_CATCH_UPS_MAX;
-            if let Pass::Page(page) = self.fetch_pass(args, last).await? {
+            if let Pass::Page(page) = self.fetch_pass(args, deadline.as_mut(), last).await? {
                 return Ok(page);
             }
             self.ring.named(args.topic).group.read_barrier().await.map_err(|error| {
@@ -127,19 +132,21 @@ impl Broker {
         unreachable!("the last pass answers a page")
     }
 
-    /// One pass; `last` answers a page even when it finds this broker behind.
-    async fn fetch_pass(&self, args: &FetchArgs<'_>, last: bool) -> Result<Pass, LogError> {
+    /// One pass, waiting for records until `deadline`; `last` answers a page even when it
+    /// finds this broker behind.
+    async fn fetch_pass(
+        &self,
+        args: &FetchArgs<'_>,
+        mut deadline: std::pin::Pin<&mut tokio::time::Sleep>,
+        last: bool,
+    ) -> Result<Pass, LogError> {
         let max = clamp_max(args.max);
-        let wait_ms = args.wait_ms.min(FETCH_WAIT_MS_MAX);
         let Some(topic) = self.topic_named(args.topic) else {
             // The original answers an unknown topic with an empty page.
             return Ok(Pass::Page(FetchPage::default()));
         };
         let mut frontier = self.start_frontier(&topic, args)?;
         let mut produced = self.notifier.subscribe(topic.topic_id);
-        // The runtime's timer, not a clock read: under the simulator's paused time it is virtual.
-        let deadline = tokio::time::sleep(Duration::from_millis(u64::from(wait_ms)));
-        tokio::pin!(deadline);
         loop {
             let topic_id = topic.topic_id;
             let Some(topic) = self.read_meta(topic_id, |meta| meta.topic(topic_id).cloned()) else {
@@ -151,7 +158,7 @@ impl Broker {
             if records.is_empty() && behind && !last {
                 return Ok(Pass::Behind);
             }
-            if !records.is_empty() || wait_ms == 0 || deadline.is_elapsed() {
+            if !records.is_empty() || args.wait_ms == 0 || deadline.is_elapsed() {
                 let cursor = Cursor { topic_id: topic.topic_id, positions: frontier };
                 let next_cursor = self.mint_cursor(&cursor)?;
                 return Ok(Pass::Page(FetchPage { records, next_cursor, skipped }));
@@ -159,7 +166,7 @@ impl Broker {
             let parked = self.notifier.park(topic.topic_id);
             tokio::select! {
                 biased;
-                _ = &mut deadline => {}
+                _ = deadline.as_mut() => {}
                 // An error means the topic was deleted: the next pass finds it gone and answers.
                 _ = produced.changed() => {}
             }

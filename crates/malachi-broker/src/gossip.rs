@@ -159,6 +159,11 @@ impl Broker {
         statuses.status(self.node_id, node_id, self.clock.now_ms(), grace_ms)
     }
 
+    /// Whether membership runs (and so tells live brokers from dead ones).
+    pub fn membership_running(&self) -> bool {
+        self.statuses.lock().expect("statuses lock poisoned").started_ms.is_some()
+    }
+
     /// How long `node_id` has been dead, as membership tells (0 while it is not).
     pub fn dead_for_ms(&self, node_id: u64) -> u64 {
         let grace_ms = unheard_grace_ms(&MembershipConfig::default());

@@ -47,16 +47,23 @@ impl Broker {
         let now_ms = self.clock.now_ms();
         let defaults = retention_defaults(&self.config);
         let policies = self.policy_definitions();
-        let mut expired = 0;
+        let (mut expired, mut failure) = (0, None);
         for vnode in self.ring.iter() {
             let (leader, term) = vnode.group.leader();
             if leader != Some(self.node_id) {
                 continue;
             }
             let plan = vnode.group.read(|meta| meta.0.retention_plan(now_ms, &policies, &defaults));
-            expired += self.expire_in(term, &plan).await?;
+            // One vnode that cannot expire now (it just lost its leadership) holds back no other.
+            match self.expire_in(term, &plan).await {
+                Ok(records) => expired += records,
+                Err(error) => {
+                    tracing::warn!(vnode = vnode.vnode_id(), %error, "a retention pass failed");
+                    failure.get_or_insert(error);
+                }
+            }
         }
         self.reclaim().await?;
-        Ok(expired)
+        failure.map_or(Ok(expired), Err)
     }
 }

@@ -290,6 +290,9 @@ impl Broker {
         if let Err(error) = self.claim_arcs().await {
             tracing::warn!(%error, "claiming the vnodes' arcs failed; retried at the first create");
         }
+        if let Err(error) = self.migrate_legacy_policies().await {
+            tracing::warn!(%error, "moving older policy definitions failed; retried at the next start");
+        }
         if self.cluster.is_some() {
             // Without a quorum now, the registration waits for the next start; the addresses
             // recorded before still reach this broker unless it moved.

@@ -23,6 +23,12 @@ impl Broker {
     /// Deletes policy `name`: refused (`policy_in_use`) while topics are bound to it, unless
     /// `force` (they turn unresolved and keep every record). Returns the topics left unresolved.
     pub async fn delete_policy(&self, name: &str, force: bool) -> Result<Vec<String>, LogError> {
+        if !force && self.cluster.is_some() {
+            // Count bindings made through any broker before the delete.
+            for vnode in self.ring.iter() {
+                vnode.group.read_barrier().await?;
+            }
+        }
         let bound_topics = self.topics_bound_to(name);
         let command = AdminCommand::DeletePolicy { name: name.into(), force, bound_topics };
         match self.admin_command(command).await? {
@@ -46,7 +52,12 @@ impl Broker {
     ) -> Result<(), LogError> {
         if let Some(name) = &policy {
             malachi_meta::policy::check_policy_name(name).map_err(policy_error)?;
-            if self.read_admin(|admin| admin.policy(name).is_none()) {
+            // Defined a moment ago through another broker, perhaps: catch up before refusing.
+            let undefined = || self.read_admin(|admin| admin.policy(name).is_none());
+            if undefined() && self.cluster.is_some() {
+                self.admin.read_barrier().await?;
+            }
+            if undefined() {
                 return Err(policy_error(PolicyError::NoSuchPolicy));
             }
         }
@@ -63,6 +74,38 @@ impl Broker {
             PolicyDefaults { retention: retention_defaults(&self.config), spread_by: None };
         self.read_meta_named(topic, |meta| meta.topic_policy(topic, &definitions, &defaults))
             .map_err(policy_error)
+    }
+
+    /// Moves policy definitions a vnode holds from before they moved to the administrative
+    /// group (an older data directory's) there: each name the administrative group does not
+    /// define yet is defined as it was, then the vnode forgets them. Run at boot; a failure is
+    /// logged and the next boot tries again. Until then a topic bound to a legacy name is
+    /// unresolved, which expires nothing.
+    pub(crate) async fn migrate_legacy_policies(&self) -> Result<(), LogError> {
+        for vnode in self.ring.iter() {
+            let legacy = vnode.group.read(|meta| meta.0.legacy_policies().clone());
+            if legacy.is_empty() {
+                continue;
+            }
+            for (name, definition) in &legacy {
+                if self.read_admin(|admin| admin.policy(name).is_none()) {
+                    let fields = definition.to_fields();
+                    self.define_policy(name.clone(), fields).await?;
+                }
+            }
+            let names: Vec<String> = legacy.into_keys().collect();
+            tracing::info!(
+                vnode = vnode.vnode_id(),
+                ?names,
+                "policy definitions moved to the administrative group"
+            );
+            vnode
+                .group
+                .propose(MetaCommand::ForgetLegacyPolicies { names })
+                .await?
+                .map_err(crate::topics::map_meta_error)?;
+        }
+        Ok(())
     }
 
     /// The cluster's policy definitions now (the administrative group's, as applied here).

@@ -92,6 +92,9 @@ pub enum SeatChange {
     /// Take `out` out of the group's voters (kept as a learner when `keep_learner`), or drop
     /// the learner `out` (`keep_learner` false).
     Remove { out: u64, keep_learner: bool },
+    /// Make a registered broker the group lacks a learner (a join that stopped part-way, or
+    /// a registration applied here after the group's leader dropped the broker).
+    AddLearner { node_id: u64 },
 }
 
 impl SeatView {
@@ -130,7 +133,8 @@ impl SeatView {
     /// (promoted first, so the group never has fewer voters); a missing seat is filled; a
     /// surplus voter off the target is demoted; a seat off its target moves to the target's
     /// live learner (brokers that joined share the seats); a leaving broker's learner is
-    /// dropped. Deterministic: the same view gives the same change on any broker.
+    /// dropped; a live registered broker the group lacks becomes a learner. Deterministic: the
+    /// same view gives the same change on any broker.
     pub fn plan(&self) -> Option<SeatChange> {
         let target = self.target();
         let live_learner = |node_id: &u64| {
@@ -172,7 +176,16 @@ impl SeatView {
             return Some(SeatChange::Move { into, out: Some(out), keep_learner: true });
         }
         let leaving = self.learners.iter().copied().find(|&node_id| !self.facts(node_id).eligible);
-        leaving.map(|out| SeatChange::Remove { out, keep_learner: false })
+        if let Some(out) = leaving {
+            return Some(SeatChange::Remove { out, keep_learner: false });
+        }
+        let missing = self.brokers.iter().find(|(node_id, facts)| {
+            facts.eligible
+                && facts.alive
+                && !self.voters.contains(node_id)
+                && !self.learners.contains(node_id)
+        });
+        missing.map(|(&node_id, _)| SeatChange::AddLearner { node_id })
     }
 }
 
@@ -282,36 +295,64 @@ impl Broker {
                 group.remove_member(out, keep_learner).await.map_err(error)?;
                 Ok(Some(format!("{out} removed")))
             }
+            Some(SeatChange::AddLearner { node_id }) => {
+                group.add_learner(node_id).await.map_err(error)?;
+                Ok(Some(format!("{node_id} added as a learner")))
+            }
         }
     }
 
     /// Hands the leadership of each vnode this broker leads to its preferred voter
-    /// ([`preferred_leaders`]) when that voter is alive, at most once per vnode every
-    /// `LEADERSHIP_MOVE_PAUSE_MS`, so a transfer that did not take is not repeated at once.
+    /// ([`preferred_leaders`]), when that voter is alive, not leaving, caught up, and leads at
+    /// least two vnodes fewer than this broker (so two brokers that see the cluster a little
+    /// differently never hand a vnode back and forth), the vnode's coordinator has nothing in
+    /// flight, and the vnode was not handed over in the last `LEADERSHIP_MOVE_PAUSE_MS`.
     async fn spread_leadership(&self) {
+        if !self.membership_running() {
+            return;
+        }
         let vnodes: Vec<(u64, BTreeSet<u64>)> =
             self.ring.iter().map(|vnode| (vnode.group_id(), vnode.group.voters())).collect();
         let preferred =
             preferred_leaders(&vnodes, |node_id| self.member_status(node_id) == PeerStatus::Alive);
+        let mut led: BTreeMap<u64, usize> = BTreeMap::new();
+        for vnode in self.ring.iter() {
+            if let Some(leader) = vnode.group.leader().0 {
+                *led.entry(leader).or_default() += 1;
+            }
+        }
         let now_ms = self.clock.now_ms();
         for vnode in self.ring.iter().filter(|vnode| vnode.group.is_leader()) {
             let Some(&to) = preferred.get(&vnode.group_id()) else { continue };
-            if to == self.node_id {
-                continue;
-            }
+            let (mine, theirs) = (led.get(&self.node_id).copied().unwrap_or(0), led.get(&to));
+            let idle = vnode.coordinator.lock().expect("coordinator lock poisoned").is_idle();
+            if to == self.node_id
+                || mine < theirs.copied().unwrap_or(0) + 2
+                || !self.takes_new_work(to)
+                || !vnode.group.caught_up(to)
+                || !idle
+                || !self.leadership_move_allowed(vnode.group_id(), now_ms)
             {
-                let mut moved = self.leadership_moved_ms.lock().expect("lock poisoned");
-                let last = moved.get(&vnode.group_id()).copied().unwrap_or(0);
-                if last != 0 && now_ms < last + LEADERSHIP_MOVE_PAUSE_MS {
-                    continue;
-                }
-                moved.insert(vnode.group_id(), now_ms);
+                continue;
             }
             tracing::info!(vnode = vnode.vnode_id(), to, "handing the vnode's leadership over");
             if let Err(error) = vnode.group.transfer_leader(to).await {
                 tracing::warn!(vnode = vnode.vnode_id(), to, %error, "leadership transfer failed");
+                continue;
             }
+            *led.entry(self.node_id).or_default() -= 1;
+            *led.entry(to).or_default() += 1;
         }
+    }
+
+    /// Whether `group_id`'s leadership may be handed over now, recording that it is.
+    fn leadership_move_allowed(&self, group_id: u64, now_ms: u64) -> bool {
+        let mut moved = self.leadership_moved_ms.lock().expect("leadership lock poisoned");
+        if moved.get(&group_id).is_some_and(|&last| now_ms < last + LEADERSHIP_MOVE_PAUSE_MS) {
+            return false;
+        }
+        moved.insert(group_id, now_ms);
+        true
     }
 
     /// Decommissions broker `node_id`: marks it leaving (it takes no new segments and no

@@ -29,10 +29,6 @@ use crate::topics::map_meta_error;
 /// `malachi_meta::ring::VNODES_MAX`), and the root group sits above every vnode.
 pub const ROOT_GROUP_ID: u64 = 1 << 32;
 
-/// How long a restarting broker waits for its root group to apply the ring it recorded.
-const RING_WAIT_MS: u64 = 10_000;
-const RING_POLL_MS: u64 = 20;
-
 /// One vnode on this broker.
 pub struct Vnode {
     pub arc: VnodeArc,
@@ -261,14 +257,14 @@ async fn ring_size(root: &RaftGroup<RootMachine>, open: &RingOpen<'_>) -> Result
             Err(error) => return Err(BootError::Ring(error.to_string())),
         }
     }
-    for _ in 0..RING_WAIT_MS / RING_POLL_MS {
-        if let Some(count) = defined().or(open.vnodes_hint) {
-            return Ok(count);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(RING_POLL_MS)).await;
+    // The root group applied what it holds before it opened: nothing more arrives until this
+    // broker answers its peers, which it does only once started.
+    if let Some(count) = defined().or(open.vnodes_hint) {
+        return Ok(count);
     }
-    Err(BootError::Ring(format!(
-        "the ring of vnodes is not known here yet, and no seed told it within {RING_WAIT_MS} \
-         ms; start again once a seed (MALACHI_LOG_NODES) answers"
-    )))
+    Err(BootError::Ring(
+        "the ring of vnodes is not known here yet (this broker never finished joining), and no \
+         seed told it; start again once a seed (MALACHI_LOG_NODES) answers"
+            .into(),
+    ))
 }

@@ -300,3 +300,37 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+/// A data directory from before policy definitions moved to the administrative group: the
+/// definitions its vnode's log holds are moved there at the next start, a topic bound to one
+/// resolves to it, and the vnode forgets them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_policy_definitions_move_to_the_administrative_group() {
+    use malachi_meta::{MetaCommand, PolicyField, PolicyResolution, PolicyValue};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = open(dir.path()).await;
+    broker.create_topic("kept", None, None).await.unwrap();
+    // What an older broker wrote to the vnode's log.
+    let fields = vec![PolicyField {
+        name: "retention.max_age_ms".into(),
+        value: PolicyValue::Int(86_400_000),
+    }];
+    let vnode = &broker.ring().named("kept").group;
+    let legacy = [
+        MetaCommand::DefinePolicy { name: "daily".into(), fields },
+        MetaCommand::BindTopicPolicy { topic: "kept".into(), policy: Some("daily".into()) },
+    ];
+    for command in legacy {
+        vnode.propose(command).await.unwrap().unwrap();
+    }
+    broker.shutdown().await;
+    drop(broker);
+
+    let broker = open(dir.path()).await;
+    let policies = broker.list_policies();
+    assert_eq!(policies.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["daily"]);
+    let view = broker.topic_policy("kept").await.unwrap();
+    assert_eq!(view.resolution, PolicyResolution::Resolved);
+    assert!(broker.read_meta_named("kept", |meta| meta.legacy_policies().is_empty()));
+    broker.shutdown().await;
+}

@@ -51,6 +51,17 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-broker/src/segments.rs", false),
     ("crates/malachi-broker/src/machines.rs", false),
     ("crates/malachi-broker/src/notify.rs", false),
+    // The cluster's decisions on a broker: the vnodes, their coordinators, the seats and
+    // leadership, policies, forwarding.
+    ("crates/malachi-broker/src/vnodes.rs", false),
+    ("crates/malachi-broker/src/coordinator.rs", false),
+    ("crates/malachi-broker/src/coordinate.rs", false),
+    ("crates/malachi-broker/src/heads.rs", false),
+    ("crates/malachi-broker/src/seats.rs", false),
+    ("crates/malachi-broker/src/policies.rs", false),
+    ("crates/malachi-broker/src/cluster.rs", false),
+    ("crates/malachi-broker/src/remote.rs", false),
+    ("crates/malachi-sim/src/cluster.rs", false),
     // The client port: every request handler, the connection phases, the limits.
     ("crates/malachi-server/src", false),
     // Raft behind our API; `runtime.rs` is where the seeded randomness is injected, and

@@ -9,6 +9,7 @@ use std::sync::RwLock;
 use std::sync::Weak;
 use std::time::Duration;
 
+use openraft::Instant as _;
 use openraft::ServerState;
 use openraft::SnapshotPolicy;
 use openraft::error::ClientWriteError;
@@ -18,6 +19,7 @@ use openraft::error::LinearizableReadError;
 use openraft::error::RaftError;
 use openraft::metrics::WaitError;
 use openraft::type_config::TypeConfigExt;
+use openraft::type_config::alias::InstantOf;
 use serde::Deserialize;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -355,29 +357,30 @@ impl<M: StateMachine> RaftGroup<M> {
     /// broker must not be `no_such_topic`).
     ///
     /// While no leader is known, or the one asked no longer leads (an election, a leadership
-    /// handed over), it retries as [`RaftGroup::propose`] does, for up to `propose_wait_ms`.
+    /// handed over), it retries as [`RaftGroup::propose`] does. The whole barrier is bounded by
+    /// `propose_wait_ms` on the runtime's clock: a leader that does not answer in time ends it
+    /// (`Timeout`), it is not asked again.
     pub async fn read_barrier(&self) -> Result<(), ConsensusError> {
-        let mut waited_ms = 0;
+        let deadline = Config::<M>::now() + Duration::from_millis(self.propose_wait_ms);
         let mut attempt = 0u32;
         loop {
             let index = match self.leader().0 {
                 Some(leader) if leader == self.node_id => self.read_index_here().await,
-                Some(leader) => self.read_index_from(leader).await,
+                Some(leader) => self.read_index_from(leader, deadline).await,
                 None => Err(ConsensusError::NotLeader { leader_hint: None }),
             };
-            match index {
+            let error = match index {
                 Ok(index) => return self.wait_applied(index).await,
-                Err(error @ ConsensusError::NotLeader { .. })
-                    if waited_ms < self.propose_wait_ms =>
-                {
-                    tracing::trace!(group_id = self.group_id, %error, "read barrier: no leader yet");
-                }
+                Err(error @ ConsensusError::NotLeader { .. }) => error,
                 Err(error) => return Err(error),
+            };
+            let pause = Duration::from_millis((10u64 << attempt.min(5)).min(PROPOSE_RETRY_MS_MAX));
+            if Config::<M>::now() + pause >= deadline {
+                return Err(error);
             }
-            let pause_ms = (10u64 << attempt.min(5)).min(PROPOSE_RETRY_MS_MAX);
+            tracing::trace!(group_id = self.group_id, %error, "read barrier: no leader yet");
             attempt += 1;
-            waited_ms += pause_ms;
-            Config::<M>::sleep(Duration::from_millis(pause_ms)).await;
+            Config::<M>::sleep(pause).await;
         }
     }
 
@@ -395,18 +398,35 @@ impl<M: StateMachine> RaftGroup<M> {
         }
     }
 
-    async fn read_index_from(&self, leader: u64) -> Result<u64, ConsensusError> {
+    /// Asks `leader` for its commit index, waiting no later than `deadline`. A leader that
+    /// cannot be reached is `NotLeader` (another may be elected); one that does not answer in
+    /// time is `Timeout`.
+    async fn read_index_from(
+        &self,
+        leader: u64,
+        deadline: InstantOf<Config<M>>,
+    ) -> Result<u64, ConsensusError> {
+        let left = deadline.saturating_duration_since(Config::<M>::now());
+        let timeout_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
         let message = crate::network::RaftMessage {
             group_id: self.group_id,
             source_node_id: self.node_id,
             target_node_id: leader,
             kind: MessageKind::ReadIndex,
-            timeout_ms: self.propose_wait_ms,
+            timeout_ms,
             payload: Vec::new(),
         };
         let answer = self.transport.send(message).await.map_err(|error| {
             tracing::debug!(group_id = self.group_id, leader, %error, "read index failed");
-            ConsensusError::NotLeader { leader_hint: None }
+            match error {
+                TransportError::Timeout | TransportError::Lost(_) => ConsensusError::Timeout {
+                    waited_ms: timeout_ms,
+                    waiting_for: "the group's leader to confirm its commit index",
+                },
+                TransportError::Unreachable(_) | TransportError::Failed(_) => {
+                    ConsensusError::NotLeader { leader_hint: None }
+                }
+            }
         })?;
         match decode_message::<ReadIndex>(&answer)? {
             ReadIndex::At { log_index } => Ok(log_index),
@@ -446,6 +466,30 @@ impl<M: StateMachine> RaftGroup<M> {
                 .map_err(|error| self.write_failure(error))?;
         }
         Ok(())
+    }
+
+    /// Adds `node_id` as a learner without waiting for it to catch up (the leader replicates to
+    /// it from now on). Only on the leader; a member already is left as it is.
+    pub async fn add_learner(&self, node_id: u64) -> Result<(), ConsensusError> {
+        let _one_at_a_time = self.membership_lock.lock().await;
+        if self.voters().contains(&node_id) || self.learners().contains(&node_id) {
+            return Ok(());
+        }
+        self.raft
+            .add_learner(node_id, openraft::EmptyNode {}, false)
+            .await
+            .map(drop)
+            .map_err(|error| self.write_failure(error))
+    }
+
+    /// On the leader: whether `node_id` has every entry of the leader's log (a leadership
+    /// handed to it can be taken at once). `false` elsewhere, or for a node not replicated to.
+    pub fn caught_up(&self, node_id: u64) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let Some(replication) = &metrics.replication else { return false };
+        let matched = replication.get(&node_id).and_then(|log_id| log_id.as_ref());
+        matched.is_some_and(|log_id| Some(log_id.index()) >= metrics.last_log_index)
     }
 
     /// Takes `node_id` out of the group's voters, keeping it as a learner (`keep_learner`, so

@@ -35,6 +35,22 @@ pub enum MetaCommand {
         topic_id: u64,
         group: String,
     },
+    /// From before the definitions moved to the administrative machine: found only in the
+    /// logs of older data directories, replayed into the vnode's legacy definitions, which
+    /// the broker moves to the administrative machine at boot (`ForgetLegacyPolicies`).
+    DefinePolicy {
+        name: String,
+        fields: Vec<crate::policy::PolicyField>,
+    },
+    /// As `DefinePolicy`: a legacy delete, replayed from an older log.
+    DeletePolicy {
+        name: String,
+        force: bool,
+    },
+    /// The broker moved these legacy definitions to the administrative machine.
+    ForgetLegacyPolicies {
+        names: Vec<String>,
+    },
     /// `policy: None` detaches.
     BindTopicPolicy {
         topic: String,
@@ -187,6 +203,8 @@ pub enum MetaResponse {
     GroupDeleted {
         existed: bool,
     },
+    /// A legacy policy command was applied to the vnode's legacy definitions.
+    LegacyPolicies,
     TopicPolicyBound {
         previous: Option<String>,
     },

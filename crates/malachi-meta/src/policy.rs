@@ -338,6 +338,25 @@ impl MetaState {
         Ok(MetaResponse::TopicPolicyBound { previous })
     }
 
+    /// Definitions replayed from an older data directory's log or snapshot, waiting to move to
+    /// the administrative machine.
+    pub fn legacy_policies(&self) -> &PolicyDefinitions {
+        &self.legacy_policies
+    }
+
+    /// A legacy `DefinePolicy`, as it applied before the definitions moved (validated the
+    /// same way, so a replayed log rebuilds what the older broker held).
+    pub(crate) fn legacy_define(
+        &mut self,
+        name: String,
+        fields: &[PolicyField],
+    ) -> Result<MetaResponse, MetaError> {
+        check_policy_name(&name)?;
+        let definition = PolicyDefinition::from_fields(fields)?;
+        self.legacy_policies.insert(name, definition);
+        Ok(MetaResponse::LegacyPolicies)
+    }
+
     /// Names of the topics bound to `policy`, sorted.
     pub fn topics_bound_to(&self, policy: &str) -> Vec<String> {
         self.topic_ids_by_name

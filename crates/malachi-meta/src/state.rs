@@ -31,6 +31,10 @@ pub struct MetaState {
     pub(crate) segments: BTreeMap<u64, Segment>,
     /// Segments whose metadata is gone and whose files the data plane still has to delete.
     pub(crate) pending_reclaim: BTreeMap<u64, ReclaimEntry>,
+    /// Policy definitions from before they moved to the administrative machine (snapshots of
+    /// older data directories name the field `policies`); the broker moves them there at boot.
+    #[serde(default, rename = "policies", skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) legacy_policies: crate::policy::PolicyDefinitions,
     /// The vnode's arc of the ring, claimed by its first command. `None` in a state from
     /// before the ring: it holds every name, as vnode 1 of a ring of one.
     #[serde(default)]
@@ -61,6 +65,7 @@ impl MetaState {
             topic_ids_by_name: BTreeMap::new(),
             segments: BTreeMap::new(),
             pending_reclaim: BTreeMap::new(),
+            legacy_policies: BTreeMap::new(),
             arc: None,
             coordinator_term: 0,
             stale_coordinator_commands: 0,
@@ -94,6 +99,17 @@ impl MetaState {
             MetaCommand::RollSegment(roll) => self.roll_segment(roll),
             MetaCommand::CommitPositions(commit) => self.commit_positions(commit),
             MetaCommand::DeleteGroup { topic_id, group } => self.delete_group(topic_id, &group),
+            MetaCommand::DefinePolicy { name, fields } => self.legacy_define(name, &fields),
+            MetaCommand::DeletePolicy { name, .. } => {
+                self.legacy_policies.remove(&name);
+                Ok(MetaResponse::LegacyPolicies)
+            }
+            MetaCommand::ForgetLegacyPolicies { names } => {
+                for name in names {
+                    self.legacy_policies.remove(&name);
+                }
+                Ok(MetaResponse::LegacyPolicies)
+            }
             MetaCommand::BindTopicPolicy { topic, policy } => {
                 self.bind_topic_policy(&topic, policy)
             }

@@ -328,7 +328,7 @@ async fn boot_member(
     transport.set_handler(malachi_broker::cluster::peer_handler(&broker));
     broker.sync_addresses();
     if !seeds.is_empty()
-        && broker.admin_group().voters().is_empty()
+        && !broker.joined()
         && let Err(error) = broker.join(&seeds).await
     {
         broker.shutdown().await;

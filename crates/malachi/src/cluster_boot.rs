@@ -5,7 +5,7 @@
 //! * A broker with seeds and a new data directory asks a seed for the welcome (the cluster id
 //!   and cursor secret), records both, opens its groups waiting for their leaders, and joins.
 //! * A broker with a data directory of the cluster restarts as the same member; one that never
-//!   finished joining (its groups have no voters) joins again.
+//!   finished joining (a group of it has no voters) joins again.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,7 +81,7 @@ pub async fn open_member(config: BrokerConfig) -> Result<Member, String> {
     let broker = Broker::start(deps).await.map_err(|error| error.to_string())?;
     transport.set_handler(peer_handler(&broker));
     broker.sync_addresses();
-    let joining = !seeds.is_empty() && broker.admin_group().voters().is_empty();
+    let joining = !seeds.is_empty() && !broker.joined();
     if joining && let Err(error) = broker.join(&seeds).await {
         broker.shutdown().await;
         return Err(error);

@@ -40,6 +40,9 @@ fn apply(view: &mut SeatView, change: SeatChange) {
                 view.learners.insert(out);
             }
         }
+        SeatChange::AddLearner { node_id } => {
+            assert!(view.learners.insert(node_id), "{node_id} was no learner");
+        }
     }
 }
 
@@ -97,6 +100,16 @@ fn plan_table() {
             "a surplus voter off the target is demoted",
             SeatView { wanted: 2, ..view(&[1, 2, 3], &[], &alive(&[1, 2, 3])) },
             None, // filled in below: which voter is off the target is placement's answer
+        ),
+        (
+            "a live registered broker the group lacks becomes a learner",
+            view(&[1, 2, 3], &[], &alive(&[1, 2, 3, 4])),
+            Some(SeatChange::AddLearner { node_id: 4 }),
+        ),
+        (
+            "a dead registered broker the group lacks is left out until it is alive",
+            view(&[1, 2, 3], &[], &with(alive(&[1, 2, 3]), 4, DOWN)),
+            None,
         ),
         (
             "a dead learner never takes a seat",

@@ -288,3 +288,30 @@ fn an_unresolved_binding_without_backstop_expires_nothing() {
     assert_eq!(view("x y"), Err(PolicyError::InvalidTopic));
     assert_eq!(view("nope"), Err(PolicyError::NoSuchTopic));
 }
+
+/// A data directory from before the definitions moved: its snapshot's `policies` and its log's
+/// `DefinePolicy`/`DeletePolicy` still load, into the legacy definitions the broker moves to the
+/// administrative machine; once moved, they are forgotten.
+#[test]
+fn legacy_definitions_load_and_are_forgotten_once_moved() {
+    let mut state = MetaState::default();
+    let age = vec![field(FIELD_MAX_AGE_MS, PolicyValue::Int(5))];
+    let define = |name: &str, fields| MetaCommand::DefinePolicy { name: name.into(), fields };
+    apply_ok(&mut state, define("keep", age.clone()));
+    apply_ok(&mut state, define("gone", vec![]));
+    apply_ok(&mut state, MetaCommand::DeletePolicy { name: "gone".into(), force: true });
+    assert_refused(&mut state, define("bad name", vec![]), "invalid_policy_name");
+    let expected = PolicyDefinition::from_fields(&age).unwrap();
+    assert_eq!(state.legacy_policies().keys().collect::<Vec<_>>(), ["keep"]);
+    // An older snapshot named the field `policies`.
+    let mut snapshot: serde_json::Value = serde_json::to_value(&state).unwrap();
+    assert!(snapshot.get("policies").is_some());
+    snapshot["policies"] = serde_json::json!({ "old": serde_json::to_value(&expected).unwrap() });
+    let restored: MetaState = serde_json::from_value(snapshot).unwrap();
+    assert_eq!(restored.legacy_policies().get("old"), Some(&expected));
+    let names = vec!["keep".to_string()];
+    apply_ok(&mut state, MetaCommand::ForgetLegacyPolicies { names });
+    assert!(state.legacy_policies().is_empty());
+    let fresh = serde_json::to_value(&state).unwrap();
+    assert!(fresh.get("policies").is_none(), "a state with none writes no legacy field");
+}
