@@ -28,12 +28,14 @@ use std::time::Duration;
 use malachi_consensus::{GroupTransport, RaftMessage, TransportError, TransportFuture};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 pub use frame::{Frame, FrameError, Hello, Request, Service};
 
 /// How long a connect plus the hello exchange may take.
 pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// A connection owing answers that receives nothing for this long is aborted ([`Link`]).
+pub const SILENT_LINK_MS: u64 = 3_000;
 /// Frames queued for one connection's writer before senders wait.
 const WRITE_QUEUE_FRAMES: usize = 1024;
 /// A refusal reason longer than this is cut.
@@ -54,7 +56,9 @@ pub trait Dialer: Send + Sync + 'static {
     fn dial(&self, address: &str) -> DialFuture;
 }
 
-/// Real TCP, with Nagle off (calls are small and latency-bound).
+/// Real TCP, with Nagle off (calls are small and latency-bound) and a zero linger: closing a
+/// connection resets it and discards what the kernel still holds unsent, so calls given up on
+/// while a peer was cut off are not delivered when the cut heals (see [`Link`]).
 pub struct TcpDialer;
 
 impl Dialer for TcpDialer {
@@ -63,6 +67,7 @@ impl Dialer for TcpDialer {
         Box::pin(async move {
             let stream = TcpStream::connect(&address).await?;
             let _ = stream.set_nodelay(true);
+            let _ = stream.set_zero_linger();
             let (read, write) = stream.into_split();
             Ok((Box::new(read) as StreamRead, Box::new(write) as StreamWrite))
         })
@@ -119,10 +124,78 @@ type LinkSlot = Arc<tokio::sync::Mutex<Option<Arc<Link>>>>;
 type Waiter = oneshot::Sender<Result<Vec<u8>, CallError>>;
 
 /// One open connection this broker made to a peer.
+///
+/// A connection on which requests went out and nothing at all came back for
+/// [`SILENT_LINK_MS`] (no answer to any call, including calls their callers gave up on) is
+/// presumed dead or cut off: it is aborted, failing the calls still waiting on it (`Lost`:
+/// their outcome is unknown), and dropped with a reset. Otherwise TCP would keep retransmitting
+/// what was queued while the peer was out of reach and deliver it when the cut heals, so a
+/// write its caller had long reported as failed would apply minutes later (the partition test
+/// found a topic created that way). A healthy peer answers every call, so a busy connection is
+/// never silent that long; an idle one expects nothing and is left alone.
 struct Link {
     writer: mpsc::Sender<Vec<u8>>,
     pending: Mutex<BTreeMap<u64, Waiter>>,
     closed: AtomicBool,
+    /// Requests written to the connection, and frames (answers) read from it: while the
+    /// first is ahead, an answer is owed.
+    requests_sent: AtomicU64,
+    frames_received: AtomicU64,
+    /// When the connection last showed progress (an answer arrived, or a request went out
+    /// while none was owed), in milliseconds since `opened`.
+    progress_ms: AtomicU64,
+    opened: tokio::time::Instant,
+}
+
+impl Link {
+    fn new(writer: mpsc::Sender<Vec<u8>>) -> Link {
+        Link {
+            writer,
+            pending: Mutex::new(BTreeMap::new()),
+            closed: AtomicBool::new(false),
+            requests_sent: AtomicU64::new(0),
+            frames_received: AtomicU64::new(0),
+            progress_ms: AtomicU64::new(0),
+            opened: tokio::time::Instant::now(),
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn sent_request(&self) {
+        let sent = self.requests_sent.fetch_add(1, Ordering::AcqRel);
+        if sent == self.frames_received.load(Ordering::Acquire) {
+            self.progress_ms.store(self.elapsed_ms(), Ordering::Release);
+        }
+    }
+
+    fn received_frame(&self) {
+        self.frames_received.fetch_add(1, Ordering::AcqRel);
+        self.progress_ms.store(self.elapsed_ms(), Ordering::Release);
+    }
+
+    /// Whether answers are owed and none came for [`SILENT_LINK_MS`].
+    fn silent(&self) -> bool {
+        let owed = self.requests_sent.load(Ordering::Acquire)
+            > self.frames_received.load(Ordering::Acquire);
+        owed && self.elapsed_ms().saturating_sub(self.progress_ms.load(Ordering::Acquire))
+            >= SILENT_LINK_MS
+    }
+}
+
+/// A call in flight on a link: removes its waiter however the call ends (answered, timed out,
+/// or dropped by its caller), so calls given up on leave nothing behind.
+struct InFlight<'a> {
+    link: &'a Link,
+    id: u64,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.link.pending.lock().expect("pending lock").remove(&self.id);
+    }
 }
 
 impl Transport {
@@ -200,17 +273,17 @@ impl Transport {
         let id = self.inner.next_call_id.fetch_add(1, Ordering::Relaxed);
         let (answer_tx, answer_rx) = oneshot::channel();
         link.pending.lock().expect("pending lock").insert(id, answer_tx);
+        let _in_flight = InFlight { link: &link, id };
         // A closed link after the insert: its reader has drained `pending` or will not see
         // this entry, so fail it here rather than wait for the timeout.
         if link.closed.load(Ordering::Acquire) {
-            link.pending.lock().expect("pending lock").remove(&id);
             return Err(unreachable(target, "connection closed"));
         }
         let bytes = frame::encode_frame(&Frame::Request { id, request });
         if link.writer.send(bytes).await.is_err() {
-            link.pending.lock().expect("pending lock").remove(&id);
             return Err(unreachable(target, "connection closed"));
         }
+        link.sent_request();
         answer_rx.await.unwrap_or_else(|_| Err(lost(target, "connection closed")))
     }
 
@@ -230,6 +303,7 @@ impl Transport {
             link.pending.lock().expect("pending lock").insert(id, answer_tx);
             let bytes = frame::encode_frame(&Frame::Request { id, request });
             link.writer.send(bytes).await.map_err(|_| unreachable(address, "connection closed"))?;
+            link.sent_request();
             let answer = answer_rx.await.map_err(|_| lost(address, "connection closed"))?;
             Ok((hello, answer?))
         };
@@ -299,13 +373,10 @@ impl Transport {
             });
         }
         let (writer, queue) = mpsc::channel(WRITE_QUEUE_FRAMES);
-        let link = Arc::new(Link {
-            writer,
-            pending: Mutex::new(BTreeMap::new()),
-            closed: AtomicBool::new(false),
-        });
-        tokio::spawn(write_frames(write, queue));
-        tokio::spawn(read_answers(read, Arc::clone(&link), address.to_string()));
+        let link = Arc::new(Link::new(writer));
+        let (abort, aborted) = watch::channel(false);
+        tokio::spawn(write_frames(write, queue, aborted));
+        tokio::spawn(read_answers(read, Arc::clone(&link), address.to_string(), abort));
         Ok((peer, link))
     }
 
@@ -377,7 +448,9 @@ impl Transport {
         write.write_all(&answer).await.map_err(|error| error.to_string())?;
         write.flush().await.map_err(|error| error.to_string())?;
         let (writer, queue) = mpsc::channel(WRITE_QUEUE_FRAMES);
-        tokio::spawn(write_frames(write, queue));
+        // Answers are never aborted: the caller's side decides when a connection is dead.
+        let (_never, no_abort) = watch::channel(false);
+        tokio::spawn(write_frames(write, queue, no_abort));
         loop {
             let frame = read_frame(&mut read).await.map_err(|error| error.to_string())?;
             let Frame::Request { id, request } = frame else {
@@ -468,32 +541,62 @@ async fn read_frame(read: &mut StreamRead) -> Result<Frame, FrameError> {
     frame::decode_frame(body)
 }
 
-/// Writes queued frames, flushing when the queue runs dry, so a burst goes out in few writes.
-async fn write_frames(write: StreamWrite, mut queue: mpsc::Receiver<Vec<u8>>) {
+/// Writes queued frames, flushing when the queue runs dry, so a burst goes out in few writes,
+/// until the queue closes or `abort` is set (then what is queued is dropped with the stream).
+async fn write_frames(
+    write: StreamWrite,
+    mut queue: mpsc::Receiver<Vec<u8>>,
+    mut abort: watch::Receiver<bool>,
+) {
     let mut write = BufWriter::new(write);
-    while let Some(bytes) = queue.recv().await {
-        if write.write_all(&bytes).await.is_err() {
-            return;
-        }
-        while let Ok(bytes) = queue.try_recv() {
+    let writing = async move {
+        while let Some(bytes) = queue.recv().await {
             if write.write_all(&bytes).await.is_err() {
                 return;
             }
+            while let Ok(bytes) = queue.try_recv() {
+                if write.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            if write.flush().await.is_err() {
+                return;
+            }
         }
-        if write.flush().await.is_err() {
-            return;
-        }
+    };
+    tokio::select! {
+        biased;
+        _ = abort.wait_for(|&abort| abort) => {}
+        () = writing => {}
     }
 }
 
 /// Hands answers to their callers until the connection breaks, then fails every call waiting
 /// on it.
-async fn read_answers(mut read: StreamRead, link: Arc<Link>, address: String) {
+async fn read_answers(
+    mut read: StreamRead,
+    link: Arc<Link>,
+    address: String,
+    abort: watch::Sender<bool>,
+) {
+    let check = Duration::from_millis(SILENT_LINK_MS / 4);
     let error = loop {
-        let frame = match read_frame(&mut read).await {
+        let frame = tokio::select! {
+            biased;
+            frame = read_frame(&mut read) => frame,
+            () = tokio::time::sleep(check) => {
+                if link.silent() {
+                    tracing::debug!(%address, "no answer on the connection: aborting it");
+                    break format!("aborted: no answer from the peer for {SILENT_LINK_MS} ms");
+                }
+                continue;
+            }
+        };
+        let frame = match frame {
             Ok(frame) => frame,
             Err(error) => break error.to_string(),
         };
+        link.received_frame();
         let (id, answer) = match frame {
             Frame::Answer { id, payload } => (id, Ok(payload)),
             Frame::Failure { id, reason } => (id, Err(CallError::Failed(reason))),
@@ -504,6 +607,8 @@ async fn read_answers(mut read: StreamRead, link: Arc<Link>, address: String) {
         }
     };
     link.closed.store(true, Ordering::Release);
+    // Drops the writer's half (with a reset: a zero linger) and with it what is queued.
+    abort.send_replace(true);
     let waiting = std::mem::take(&mut *link.pending.lock().expect("pending lock"));
     for (_, waiter) in waiting {
         let _ = waiter.send(Err(lost(&address, error.clone())));

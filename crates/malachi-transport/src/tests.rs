@@ -174,3 +174,138 @@ async fn a_dead_peer_fails_calls_fast() {
     let error = client.call(2, request(0, 0, b""), Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(error, CallError::Unreachable { .. }), "{error:?}");
 }
+
+/// A wire between a dialing transport and a serving one that a test can cut: while cut, what
+/// the caller writes is held (as a kernel holds unacknowledged bytes while the peer is out of
+/// reach) and handed over when the cut heals, unless the caller closed its end meanwhile (the
+/// reset a zero linger gives: the held bytes are discarded).
+#[derive(Clone)]
+struct CuttableWire {
+    server: Transport,
+    cut: Arc<AtomicBool>,
+    dials: Arc<AtomicU64>,
+}
+
+impl Dialer for CuttableWire {
+    fn dial(&self, _address: &str) -> DialFuture {
+        let wire = self.clone();
+        Box::pin(async move {
+            wire.dials.fetch_add(1, Ordering::SeqCst);
+            let (caller, caller_far) = tokio::io::duplex(1 << 16);
+            let (server_near, server) = tokio::io::duplex(1 << 16);
+            let (server_read, server_write) = tokio::io::split(server);
+            let serving = wire.server.clone();
+            tokio::spawn(async move {
+                let _ = serving.serve_stream(Box::new(server_read), Box::new(server_write)).await;
+            });
+            let (mut from_caller, mut to_caller) = tokio::io::split(caller_far);
+            let (mut from_server, mut to_server) = tokio::io::split(server_near);
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut from_server, &mut to_caller).await;
+            });
+            let cut = Arc::clone(&wire.cut);
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    let read = tokio::select! {
+                        read = from_caller.read(&mut buffer) => read,
+                        () = tokio::time::sleep(Duration::from_millis(5)) => Ok(usize::MAX),
+                    };
+                    match read {
+                        Ok(0) | Err(_) => return, // closed: what is held is discarded
+                        Ok(usize::MAX) => {}
+                        Ok(n) => held.extend_from_slice(&buffer[..n]),
+                    }
+                    if !cut.load(Ordering::SeqCst) && !held.is_empty() {
+                        if to_server.write_all(&held).await.is_err() {
+                            return;
+                        }
+                        held.clear();
+                    }
+                }
+            });
+            let (read, write) = tokio::io::split(caller);
+            Ok((Box::new(read) as StreamRead, Box::new(write) as StreamWrite))
+        })
+    }
+}
+
+/// Records every payload it is called with.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<Vec<u8>>>);
+
+impl Handler for Arc<Recorder> {
+    fn handle(&self, request: Request) -> HandlerFuture {
+        self.0.lock().unwrap().push(request.payload.clone());
+        Box::pin(async move { Ok(request.payload) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_given_up_on_a_silent_connection_is_never_delivered_later() {
+    let server = Transport::new(2, CLUSTER);
+    let recorder = Arc::new(Recorder::default());
+    server.set_handler(Arc::new(Arc::clone(&recorder)));
+    let wire = CuttableWire {
+        server,
+        cut: Arc::new(AtomicBool::new(false)),
+        dials: Arc::new(AtomicU64::new(0)),
+    };
+    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()));
+    client.set_address(2, "peer");
+    assert_eq!(client.call(2, request(0, 0, b"before"), SECOND).await.unwrap(), b"before");
+    wire.cut.store(true, Ordering::SeqCst);
+    let short = Duration::from_millis(100);
+    assert_eq!(client.call(2, request(0, 0, b"during"), short).await, Err(CallError::Timeout));
+    // The cut lasts longer than a connection may stay silent while it owes an answer.
+    tokio::time::sleep(Duration::from_millis(SILENT_LINK_MS * 2)).await;
+    wire.cut.store(false, Ordering::SeqCst);
+    assert_eq!(client.call(2, request(0, 0, b"after"), SECOND).await.unwrap(), b"after");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let seen = recorder.0.lock().unwrap().clone();
+    assert_eq!(seen, [b"before".to_vec(), b"after".to_vec()], "the given-up call arrived");
+    assert_eq!(wire.dials.load(Ordering::SeqCst), 2, "the silent connection was replaced");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_connection_or_a_slow_answer_keeps_its_connection() {
+    let server = Transport::new(2, CLUSTER);
+    server.set_handler(Arc::new(Echo));
+    let wire = CuttableWire {
+        server,
+        cut: Arc::new(AtomicBool::new(false)),
+        dials: Arc::new(AtomicU64::new(0)),
+    };
+    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()));
+    client.set_address(2, "peer");
+    assert_eq!(client.call(2, request(0, 0, b"a"), SECOND).await.unwrap(), b"1:0:a");
+    // Idle far longer than the silence bound: nothing is owed, the connection stays.
+    tokio::time::sleep(Duration::from_millis(SILENT_LINK_MS * 3)).await;
+    // An answer slower than the caller waits, but within the bound: still the same connection.
+    let slow = client.call(2, request(0, 200, b"b"), Duration::from_millis(50)).await;
+    assert_eq!(slow, Err(CallError::Timeout));
+    tokio::time::sleep(Duration::from_millis(SILENT_LINK_MS * 2)).await;
+    assert_eq!(client.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"1:0:c");
+    assert_eq!(wire.dials.load(Ordering::SeqCst), 1, "a live connection was replaced");
+}
+
+#[tokio::test]
+async fn a_slow_call_on_a_live_connection_keeps_it() {
+    let (_server, address, _task) = listening(2, CLUSTER).await;
+    let client = Transport::new(1, CLUSTER);
+    client.set_address(2, &address);
+    // The slow call times out, but answers to later calls came back meanwhile: the peer lives.
+    let slow = client.call(2, request(0, 200, b"slow"), Duration::from_millis(100));
+    let fast = async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        client.call(2, request(0, 0, b"fast"), SECOND).await
+    };
+    let (slow, fast) = tokio::join!(slow, fast);
+    assert_eq!(slow, Err(CallError::Timeout));
+    assert_eq!(fast.unwrap(), b"1:0:fast");
+    let link = client.inner.links.lock().unwrap().get(&2).cloned().unwrap();
+    let link = link.lock().await.clone().unwrap();
+    assert!(!link.closed.load(Ordering::Acquire), "a live connection was aborted");
+    assert!(link.pending.lock().unwrap().is_empty(), "a given-up call left its waiter behind");
+}

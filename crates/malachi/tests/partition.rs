@@ -324,8 +324,10 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
     // The isolated broker refuses a write rather than taking it alone.
     let refused = clients[isolated].create_topic("isolated").await.unwrap_err();
     assert!(refused.is_retryable(), "the isolated broker answered {refused}");
-    let seen = clients[isolated].list_topics().await.unwrap();
-    assert!(!seen.contains(&"isolated".to_string()), "{seen:?}");
+    for client in &clients {
+        let seen = client.list_topics().await.unwrap();
+        assert!(!seen.contains(&"isolated".to_string()), "{seen:?}");
+    }
     // Each side sees the other as gone.
     let isolated_id = isolated as u64 + 1;
     let majority_ids: Vec<u64> = majority.iter().map(|&host| host as u64 + 1).collect();
