@@ -1,12 +1,14 @@
 //! Malachi's cluster layer: how brokers find each other and agree on who is alive.
 //!
-//! Today: membership ([`membership::Membership`], SWIM through foca) and the gossiped broker
-//! identity with its datagram codec ([`peer`]). Everything here is sans-IO: time, randomness
+//! Membership ([`membership::Membership`], SWIM through foca), the gossiped broker identity
+//! with its datagram codec ([`peer`]), and the quorum replication of a segment from its
+//! primary's side ([`replication::Primary`]). Everything here is sans-IO: time, randomness
 //! and datagrams come from the caller, so one seed replays a whole cluster in the simulator.
 //! This crate must never read a clock, open a socket or draw OS randomness.
 
 pub mod membership;
 pub mod peer;
+pub mod replication;
 
 pub use membership::{Change, Membership, MembershipConfig, MembershipError, PeerStatus};
 pub use peer::{CodecError, Peer, PeerCodec};

@@ -1,0 +1,329 @@
+//! Quorum replication of one active segment, seen from its primary: sans-IO.
+//!
+//! The primary (the first broker of the segment's replica set) appends each batch to its own
+//! copy and ships it to every follower; a record is acknowledged once `q = floor(n/2) + 1`
+//! replicas, the primary among them, reported it durable (design.md, invariant 3). The driver
+//! tells the machine what happens (a batch staged here, this broker's own fsync, a follower's
+//! answer, a follower out of reach, the time) and carries out what it asks: ship a span of
+//! records to a follower, acknowledge up to an offset, fail what cannot reach a quorum.
+//!
+//! Shipping is pipelined and windowed: a follower has at most `window_batches` spans and about
+//! `window_bytes` in flight, and is sent the next span as soon as one is answered. A follower
+//! that answers with an end other than the one shipped to it (it lost unsynced records in a
+//! crash, or missed a span) is shipped again from its end; spans the primary no longer holds in
+//! memory are shipped from its file (`Ship` says only which offsets). A follower out of reach is
+//! shipped nothing until it answers again.
+//!
+//! What it never does: acknowledge a record fewer than `q` replicas reported durable; move the
+//! acknowledged end backwards; let a window grow past its bounds. A batch that has not reached
+//! a quorum `quorum_wait_ms` after it was staged is answered `NoQuorum`, and so is every later
+//! one: the segment is then sealed by failover (at the highest durable end a quorum of its
+//! replicas reports), never written further here.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// Bounds of the replication of one segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicationConfig {
+    /// Spans in flight to one follower.
+    pub window_batches: usize,
+    /// Bytes in flight to one follower; one span is always allowed, however large.
+    pub window_bytes: u64,
+    /// How long a batch may wait for a quorum before it is refused (`no_quorum`).
+    pub quorum_wait_ms: u64,
+    /// Records in one span shipped from the file (a follower catching up).
+    pub catch_up_records_max: u64,
+}
+
+impl Default for ReplicationConfig {
+    fn default() -> ReplicationConfig {
+        ReplicationConfig {
+            window_batches: 16,
+            window_bytes: 16 << 20,
+            quorum_wait_ms: 2_000,
+            catch_up_records_max: 4_096,
+        }
+    }
+}
+
+/// What the machine asks its driver to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send records `[start, end)` of the segment to `follower` (from memory while the primary
+    /// holds the batch, else from its file).
+    Ship { follower: u64, start: u64, end: u64 },
+    /// Records below `end` are durable on a quorum: acknowledge the produces waiting on them;
+    /// readers may see them. Never smaller than an earlier `Acked`.
+    Acked { end: u64 },
+    /// Records from `from` on cannot reach a quorum: fail the produces waiting on them with
+    /// `no_quorum`; the segment takes no more appends and must be sealed by failover.
+    NoQuorum { from: u64 },
+}
+
+/// The quorum of a replica set of `replicas` brokers: `floor(n/2) + 1`.
+pub fn quorum(replicas: usize) -> usize {
+    replicas / 2 + 1
+}
+
+/// The end that `quorum` of the replicas' durable `ends` reach: the `quorum`-th highest (0 when
+/// there are fewer ends than that).
+pub fn quorum_end(ends: impl IntoIterator<Item = u64>, quorum: usize) -> u64 {
+    assert!(quorum >= 1, "a quorum has at least one replica");
+    let mut ends: Vec<u64> = ends.into_iter().collect();
+    ends.sort_unstable_by(|a, b| b.cmp(a));
+    ends.get(quorum - 1).copied().unwrap_or(0)
+}
+
+/// A batch staged on the primary, kept until every follower in reach has it durable.
+#[derive(Clone, Copy, Debug)]
+struct Staged {
+    start: u64,
+    end: u64,
+    bytes: u64,
+    staged_ms: u64,
+}
+
+/// A span shipped to a follower and not answered yet.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    end: u64,
+    bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Follower {
+    /// The next offset to ship.
+    next: u64,
+    /// The durable end it last reported.
+    durable: u64,
+    in_flight: VecDeque<Span>,
+    in_flight_bytes: u64,
+    /// Out of reach: shipped nothing until it answers again.
+    unreachable: bool,
+}
+
+/// The primary's side of one segment's replication.
+#[derive(Debug)]
+pub struct Primary {
+    config: ReplicationConfig,
+    quorum: usize,
+    /// Where this broker's own copy is durable to.
+    local_durable: u64,
+    /// The end of what was staged here.
+    staged_end: u64,
+    staged: VecDeque<Staged>,
+    followers: BTreeMap<u64, Follower>,
+    acked_end: u64,
+    /// Set once a batch missed its quorum: the segment takes nothing more.
+    no_quorum_from: Option<u64>,
+    actions: Vec<Action>,
+}
+
+impl Primary {
+    /// The primary of a segment whose replicas are this broker and `followers`, every copy
+    /// holding (durably) the records below `durable_end`, as after the segment was created
+    /// (0) or sealed elsewhere and reopened.
+    pub fn new(followers: &[u64], durable_end: u64, config: ReplicationConfig) -> Primary {
+        assert!(config.window_batches >= 1, "a window holds at least one span");
+        assert!(config.catch_up_records_max >= 1, "a catch-up span holds at least one record");
+        let followers: BTreeMap<u64, Follower> = followers
+            .iter()
+            .map(|&node| {
+                (node, Follower { next: durable_end, durable: durable_end, ..Follower::default() })
+            })
+            .collect();
+        Primary {
+            config,
+            quorum: quorum(followers.len() + 1),
+            local_durable: durable_end,
+            staged_end: durable_end,
+            staged: VecDeque::new(),
+            followers,
+            acked_end: durable_end,
+            no_quorum_from: None,
+            actions: Vec::new(),
+        }
+    }
+
+    /// Records below this are durable on a quorum.
+    pub fn acked_end(&self) -> u64 {
+        self.acked_end
+    }
+
+    /// Whether the segment still takes appends (no batch missed its quorum).
+    pub fn writable(&self) -> bool {
+        self.no_quorum_from.is_none()
+    }
+
+    /// What the driver must do now, in order.
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    /// A batch of records `[start, end)` (`bytes` on the wire) was staged on this broker at
+    /// `now_ms`. Batches are staged in order, each starting where the last ended.
+    pub fn staged(&mut self, start: u64, end: u64, bytes: u64, now_ms: u64) {
+        assert_eq!(start, self.staged_end, "batches are staged contiguously");
+        assert!(end > start, "a batch holds at least one record");
+        self.staged_end = end;
+        if let Some(from) = self.no_quorum_from {
+            // Nothing more reaches a quorum here: refuse at once.
+            self.actions.push(Action::NoQuorum { from });
+            return;
+        }
+        self.staged.push_back(Staged { start, end, bytes, staged_ms: now_ms });
+        self.ship_all();
+        self.advance();
+    }
+
+    /// This broker's own copy is durable to `end`.
+    pub fn local_durable(&mut self, end: u64) {
+        assert!(end <= self.staged_end, "durable past what was staged");
+        self.local_durable = self.local_durable.max(end);
+        self.advance();
+    }
+
+    /// `follower` appended what it was shipped and its copy is durable to `end`. Answers may
+    /// arrive out of order: one that says less than an earlier one is stale and changes nothing.
+    pub fn follower_durable(&mut self, follower: u64, end: u64) {
+        let Some(state) = self.followers.get_mut(&follower) else { return };
+        assert!(end <= self.staged_end, "{follower} durable past what was staged");
+        state.unreachable = false;
+        while state.in_flight.front().is_some_and(|span| span.end <= end) {
+            let span = state.in_flight.pop_front().expect("front exists");
+            state.in_flight_bytes -= span.bytes;
+        }
+        state.durable = state.durable.max(end);
+        state.next = state.next.max(end);
+        self.ship(follower);
+        self.advance();
+    }
+
+    /// `follower` refused a span because its copy ends at `end`, not where the span started:
+    /// it lost records it had not synced (a crash), or missed a span. What is in flight to it
+    /// is dropped and it is shipped again from `end`, which is its durable end from now on.
+    pub fn follower_refused(&mut self, follower: u64, end: u64) {
+        let staged_end = self.staged_end;
+        let Some(state) = self.followers.get_mut(&follower) else { return };
+        state.unreachable = false;
+        state.in_flight.clear();
+        state.in_flight_bytes = 0;
+        state.durable = end.min(staged_end);
+        state.next = state.durable;
+        self.ship(follower);
+        self.advance();
+    }
+
+    /// `follower` cannot be reached (its connection failed, or membership holds it dead): what
+    /// was in flight to it is lost; it is shipped nothing until it answers again.
+    pub fn follower_unreachable(&mut self, follower: u64) {
+        let Some(state) = self.followers.get_mut(&follower) else { return };
+        state.unreachable = true;
+        state.in_flight.clear();
+        state.in_flight_bytes = 0;
+        state.next = state.durable;
+    }
+
+    /// A follower out of reach is tried again from its durable end (the driver calls this on
+    /// its retry cadence).
+    pub fn retry_follower(&mut self, follower: u64) {
+        let Some(state) = self.followers.get_mut(&follower) else { return };
+        if state.unreachable {
+            state.unreachable = false;
+            self.ship(follower);
+        }
+    }
+
+    /// The time is `now_ms`: a batch that waited for a quorum too long is refused, with every
+    /// later one.
+    pub fn tick(&mut self, now_ms: u64) {
+        if self.no_quorum_from.is_some() {
+            return;
+        }
+        let late = self.staged.iter().find(|batch| {
+            batch.end > self.acked_end
+                && now_ms >= batch.staged_ms.saturating_add(self.config.quorum_wait_ms)
+        });
+        if let Some(batch) = late {
+            let from = batch.start.max(self.acked_end);
+            self.no_quorum_from = Some(from);
+            self.actions.push(Action::NoQuorum { from });
+        }
+    }
+
+    fn ship_all(&mut self) {
+        let followers: Vec<u64> = self.followers.keys().copied().collect();
+        for follower in followers {
+            self.ship(follower);
+        }
+    }
+
+    /// Ships `follower` what its window allows: staged batches from its next offset on, or, for
+    /// offsets no longer staged, one span up to the first staged batch.
+    fn ship(&mut self, follower: u64) {
+        let state = self.followers.get_mut(&follower).expect("a known follower");
+        if state.unreachable || self.no_quorum_from.is_some() {
+            return;
+        }
+        while state.next < self.staged_end && state.in_flight.len() < self.config.window_batches {
+            let (end, bytes) = match self.staged.iter().find(|batch| batch.end > state.next) {
+                Some(batch) if batch.start <= state.next => (batch.end, batch.bytes),
+                // Below what is staged: from the file, up to the first staged batch.
+                Some(batch) => (batch.start, 0),
+                None => (self.staged_end, 0),
+            };
+            let end = if bytes == 0 {
+                end.min(state.next + self.config.catch_up_records_max)
+            } else {
+                end
+            };
+            let over = state.in_flight_bytes + bytes > self.config.window_bytes;
+            if over && !state.in_flight.is_empty() {
+                break;
+            }
+            self.actions.push(Action::Ship { follower, start: state.next, end });
+            state.in_flight.push_back(Span { end, bytes });
+            state.in_flight_bytes += bytes;
+            state.next = end;
+        }
+    }
+
+    /// Moves the acknowledged end to what a quorum holds durable, and drops staged batches
+    /// every follower in reach has.
+    fn advance(&mut self) {
+        let ends = self.followers.values().map(|state| state.durable);
+        let quorum_end = quorum_end(ends.chain([self.local_durable]), self.quorum);
+        let limit = self.no_quorum_from.unwrap_or(u64::MAX);
+        let acked = quorum_end.min(limit);
+        if acked > self.acked_end {
+            self.acked_end = acked;
+            self.actions.push(Action::Acked { end: acked });
+        }
+        let everywhere = self
+            .followers
+            .values()
+            .filter(|state| !state.unreachable)
+            .map(|state| state.durable)
+            .min()
+            .unwrap_or(u64::MAX)
+            .min(self.acked_end);
+        while self.staged.front().is_some_and(|batch| batch.end <= everywhere) {
+            self.staged.pop_front();
+        }
+        self.check();
+    }
+
+    /// The machine's invariants, on every step.
+    fn check(&self) {
+        assert!(self.acked_end <= self.staged_end, "acknowledged past what was staged");
+        assert!(self.local_durable <= self.staged_end, "durable past what was staged");
+        for (node, state) in &self.followers {
+            assert!(state.in_flight.len() <= self.config.window_batches, "window of {node}");
+            assert!(state.next <= self.staged_end, "{node} shipped past the staged end");
+            assert!(state.durable <= state.next, "{node} durable past what was shipped");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,304 @@
+//! The primary's replication machine: tables for its steps, and a property test that drives it
+//! with followers that append, sync, crash, fall out of reach and answer out of order.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn config() -> ReplicationConfig {
+    ReplicationConfig {
+        window_batches: 2,
+        window_bytes: 1_000,
+        quorum_wait_ms: 100,
+        catch_up_records_max: 4,
+    }
+}
+
+fn ships(actions: &[Action]) -> Vec<(u64, u64, u64)> {
+    actions
+        .iter()
+        .filter_map(|action| match action {
+            Action::Ship { follower, start, end } => Some((*follower, *start, *end)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn quorum_table() {
+    let cases: Vec<(usize, usize)> = vec![(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)];
+    for (replicas, expected) in cases {
+        assert_eq!(quorum(replicas), expected, "{replicas}");
+    }
+    let ends: Vec<(Vec<u64>, usize, u64)> = vec![
+        (vec![10, 5, 7], 2, 7),
+        (vec![10, 5, 7], 1, 10),
+        (vec![10, 5, 7], 3, 5),
+        (vec![3], 2, 0),
+        (vec![4, 4, 9, 1, 2], 3, 4),
+    ];
+    for (ends, quorum, expected) in ends {
+        assert_eq!(quorum_end(ends.clone(), quorum), expected, "{ends:?} q={quorum}");
+    }
+}
+
+#[test]
+fn a_batch_is_acknowledged_once_a_quorum_holds_it_durable() {
+    let mut primary = Primary::new(&[2, 3], 0, config());
+    primary.staged(0, 10, 100, 0);
+    assert_eq!(ships(&primary.take_actions()), [(2, 0, 10), (3, 0, 10)]);
+    primary.local_durable(10);
+    assert!(primary.take_actions().is_empty(), "one copy of three is no quorum");
+    primary.follower_durable(3, 10);
+    assert_eq!(primary.take_actions(), [Action::Acked { end: 10 }]);
+    // The slow follower answers later; nothing more to acknowledge.
+    primary.follower_durable(2, 10);
+    assert!(primary.take_actions().is_empty());
+    // Followers alone are a quorum too: the primary's own fsync may come last.
+    primary.staged(10, 12, 20, 1);
+    primary.take_actions();
+    primary.follower_durable(2, 12);
+    primary.follower_durable(3, 12);
+    assert_eq!(primary.take_actions(), [Action::Acked { end: 12 }]);
+}
+
+#[test]
+fn windows_bound_what_is_in_flight_and_answers_open_them() {
+    let mut primary = Primary::new(&[2], 0, config());
+    for batch in 0..4 {
+        primary.staged(batch * 10, batch * 10 + 10, 100, 0);
+    }
+    assert_eq!(ships(&primary.take_actions()), [(2, 0, 10), (2, 10, 20)], "two spans at most");
+    primary.follower_durable(2, 10);
+    assert_eq!(ships(&primary.take_actions()), [(2, 20, 30)]);
+    // An answer covering two spans (they were synced together) opens two places.
+    primary.follower_durable(2, 30);
+    assert_eq!(ships(&primary.take_actions()), [(2, 30, 40)]);
+    // Bytes bound it too, but one span always goes, however large.
+    let mut primary = Primary::new(&[2], 0, config());
+    primary.staged(0, 1, 5_000, 0);
+    primary.staged(1, 2, 10, 0);
+    assert_eq!(ships(&primary.take_actions()), [(2, 0, 1)]);
+}
+
+#[test]
+fn stale_answers_change_nothing_and_a_refusal_reships_from_the_followers_end() {
+    let mut primary = Primary::new(&[2, 3], 0, config());
+    primary.staged(0, 10, 10, 0);
+    primary.staged(10, 20, 10, 0);
+    primary.local_durable(20);
+    primary.take_actions();
+    primary.follower_durable(2, 20);
+    assert_eq!(primary.take_actions(), [Action::Acked { end: 20 }]);
+    primary.follower_durable(2, 10);
+    assert!(primary.take_actions().is_empty(), "a late answer for an earlier span");
+    // Follower 3 lost what it had not synced: it refuses, and is shipped again from its end.
+    primary.follower_refused(3, 0);
+    assert_eq!(ships(&primary.take_actions()), [(3, 0, 10), (3, 10, 20)]);
+}
+
+#[test]
+fn a_follower_out_of_reach_is_shipped_from_the_file_once_back() {
+    let mut primary = Primary::new(&[2, 3], 0, config());
+    primary.follower_unreachable(3);
+    for batch in 0..3 {
+        primary.staged(batch * 5, batch * 5 + 5, 10, 0);
+        primary.take_actions();
+        primary.local_durable(batch * 5 + 5);
+        primary.follower_durable(2, batch * 5 + 5);
+    }
+    assert_eq!(primary.acked_end(), 15, "a quorum of two out of three");
+    primary.take_actions();
+    // Every batch is durable on every follower in reach: none is held in memory any more.
+    primary.retry_follower(3);
+    assert_eq!(ships(&primary.take_actions()), [(3, 0, 4), (3, 4, 8)], "from the file, bounded");
+}
+
+#[test]
+fn without_a_quorum_a_batch_fails_in_bounded_time_and_so_does_every_later_one() {
+    let mut primary = Primary::new(&[2, 3], 0, config());
+    primary.follower_unreachable(2);
+    primary.follower_unreachable(3);
+    primary.staged(0, 10, 10, 1_000);
+    primary.local_durable(10);
+    primary.tick(1_099);
+    assert!(primary.take_actions().is_empty(), "still waiting");
+    primary.tick(1_100);
+    assert_eq!(primary.take_actions(), [Action::NoQuorum { from: 0 }]);
+    assert!(!primary.writable());
+    primary.staged(10, 11, 1, 1_200);
+    assert_eq!(primary.take_actions(), [Action::NoQuorum { from: 0 }]);
+    // A follower answering late acknowledges nothing past the refusal.
+    primary.follower_durable(2, 10);
+    assert_eq!(primary.acked_end(), 0);
+}
+
+/// What happens to the machine and its followers, drawn by proptest.
+#[derive(Clone, Debug)]
+enum Step {
+    Stage {
+        records: u64,
+    },
+    LocalSync,
+    /// The follower takes the oldest span shipped to it, and syncs it (or not yet).
+    Deliver {
+        follower: usize,
+        sync: bool,
+    },
+    /// The follower syncs what it appended and answers.
+    Sync {
+        follower: usize,
+    },
+    /// The oldest answer to the primary arrives now, or after the next one.
+    Reorder {
+        follower: usize,
+    },
+    /// The follower's process dies: unsynced records and what was in flight are lost.
+    Crash {
+        follower: usize,
+    },
+    Retry {
+        follower: usize,
+    },
+    Tick,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (1..5u64).prop_map(|records| Step::Stage { records }),
+        Just(Step::LocalSync),
+        (0..2usize, any::<bool>()).prop_map(|(follower, sync)| Step::Deliver { follower, sync }),
+        (0..2usize).prop_map(|follower| Step::Sync { follower }),
+        (0..2usize).prop_map(|follower| Step::Reorder { follower }),
+        (0..2usize).prop_map(|follower| Step::Crash { follower }),
+        (0..2usize).prop_map(|follower| Step::Retry { follower }),
+        Just(Step::Tick),
+    ]
+}
+
+/// A follower's copy: what it appended and what of that it synced.
+#[derive(Clone, Debug, Default)]
+struct Copy {
+    appended: u64,
+    synced: u64,
+    /// Spans shipped to it, in order.
+    inbox: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// A follower takes a span: appended when it starts at its end (and synced and answered when
+/// `sync`); otherwise refused with its end, after syncing what it holds, as a real follower
+/// answers a span it cannot take.
+fn deliver(
+    primary: &mut Primary,
+    follower: u64,
+    copy: &mut Copy,
+    (start, end): (u64, u64),
+    sync: bool,
+) {
+    if start == copy.appended {
+        copy.appended = end;
+        if sync {
+            copy.synced = copy.appended;
+            primary.follower_durable(follower, copy.synced);
+        }
+    } else {
+        copy.synced = copy.appended;
+        primary.follower_refused(follower, copy.synced);
+    }
+}
+
+proptest! {
+    /// Whatever the followers do, an acknowledged record is durable on a quorum when it is
+    /// acknowledged, the acknowledged end only grows, and with every follower answering in the
+    /// end everything staged is acknowledged (unless a quorum was refused in time).
+    #[test]
+    fn acknowledged_records_are_durable_on_a_quorum(steps in proptest::collection::vec(step(), 1..200)) {
+        let followers = [2u64, 3];
+        let mut primary = Primary::new(&followers, 0, ReplicationConfig {
+            quorum_wait_ms: 50,
+            ..config()
+        });
+        let mut copies = [Copy::default(), Copy::default()];
+        let (mut staged, mut local_synced, mut now_ms, mut acked) = (0u64, 0u64, 0u64, 0u64);
+        let mut refused = false;
+        for step in steps {
+            match step {
+                Step::Stage { records } => {
+                    primary.staged(staged, staged + records, records * 10, now_ms);
+                    staged += records;
+                }
+                Step::LocalSync => {
+                    local_synced = staged;
+                    primary.local_durable(staged);
+                }
+                Step::Deliver { follower, sync } => {
+                    if let Some(span) = copies[follower].inbox.pop_front() {
+                        deliver(&mut primary, followers[follower], &mut copies[follower], span, sync);
+                    }
+                }
+                Step::Sync { follower } => {
+                    let copy = &mut copies[follower];
+                    copy.synced = copy.appended;
+                    primary.follower_durable(followers[follower], copy.synced);
+                }
+                Step::Reorder { follower } => {
+                    // A stale answer: an end this follower reported durable before.
+                    let copy = &copies[follower];
+                    primary.follower_durable(followers[follower], copy.synced / 2);
+                }
+                Step::Crash { follower } => {
+                    let copy = &mut copies[follower];
+                    copy.appended = copy.synced;
+                    copy.inbox.clear();
+                    primary.follower_unreachable(followers[follower]);
+                }
+                Step::Retry { follower } => primary.retry_follower(followers[follower]),
+                Step::Tick => {
+                    now_ms += 10;
+                    primary.tick(now_ms);
+                }
+            }
+            for action in primary.take_actions() {
+                match action {
+                    Action::Ship { follower, start, end } => {
+                        let at = followers.iter().position(|&node| node == follower).unwrap();
+                        prop_assert!(start < end && end <= staged);
+                        copies[at].inbox.push_back((start, end));
+                    }
+                    Action::Acked { end } => {
+                        prop_assert!(end > acked, "acknowledged end went from {acked} to {end}");
+                        let holding = copies.iter().filter(|copy| copy.synced >= end).count()
+                            + usize::from(local_synced >= end);
+                        prop_assert!(holding >= 2, "{end} acknowledged on {holding} copies");
+                        acked = end;
+                    }
+                    Action::NoQuorum { from } => {
+                        prop_assert!(from >= acked.min(from));
+                        refused = true;
+                    }
+                }
+            }
+            prop_assert_eq!(primary.acked_end(), acked);
+        }
+        // Every follower back, every span delivered and synced, the primary synced.
+        primary.local_durable(staged);
+        for _ in 0..10_000 {
+            for (at, &follower) in followers.iter().enumerate() {
+                primary.retry_follower(follower);
+                for action in primary.take_actions() {
+                    if let Action::Ship { follower, start, end } = action {
+                        let at = followers.iter().position(|&node| node == follower).unwrap();
+                        copies[at].inbox.push_back((start, end));
+                    }
+                }
+                if let Some(span) = copies[at].inbox.pop_front() {
+                    deliver(&mut primary, follower, &mut copies[at], span, true);
+                }
+            }
+        }
+        primary.take_actions();
+        if !refused && primary.writable() {
+            prop_assert_eq!(primary.acked_end(), staged);
+        }
+    }
+}
