@@ -98,6 +98,15 @@ pub struct ClusterConfig {
     /// How long a voter's broker may be dead before its seat moves to a live broker
     /// (`MALACHI_VOTER_REPLACE_AFTER_MS`, ours).
     pub voter_replace_after_ms: u64,
+    /// Replicas of each new segment (`MALACHI_LOG_REPLICATION_FACTOR`, 3): at most the live
+    /// brokers, so a broker alone keeps one.
+    pub replication_factor: usize,
+    /// The spread of segment replicas over fault domains (`MALACHI_LOG_SPREAD_BY`,
+    /// `_MIN_DOMAINS`, `_MAX_SKEW`, `_PLACEMENT_POLICY`).
+    pub placement: malachi_meta::placement::Constraints,
+    /// How long an append waits for a quorum of its segment's replicas before it is refused
+    /// `no_quorum` (`MALACHI_REPLICATION_TIMEOUT_MS`, ours).
+    pub replication_timeout_ms: u64,
 }
 
 impl ClusterConfig {
@@ -328,6 +337,9 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         gossip_port: sources.number("CLUSTER_GOSSIP_PORT", 45892)?,
         vnode_voters: vnode_voters(sources)?,
         voter_replace_after_ms: sources.number("VOTER_REPLACE_AFTER_MS", 60_000)?,
+        replication_factor: replication_factor(sources)?,
+        placement: placement_constraints(sources)?,
+        replication_timeout_ms: sources.number("REPLICATION_TIMEOUT_MS", 5_000)?,
         advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
         seeds,
     })
@@ -356,6 +368,48 @@ fn vnode_voters(sources: &Sources<'_>) -> Result<usize, ConfigError> {
         });
     }
     Ok(voters)
+}
+
+/// Replicas of a segment: 1 to 7 (any count works; odd ones waste no replica on the quorum).
+fn replication_factor(sources: &Sources<'_>) -> Result<usize, ConfigError> {
+    let replicas: usize = sources.number("LOG_REPLICATION_FACTOR", 3)?;
+    if !(1..=7).contains(&replicas) {
+        return Err(ConfigError::OutOfRange {
+            name: "MALACHI_LOG_REPLICATION_FACTOR".into(),
+            problem: format!("must be 1 to 7, not {replicas}"),
+        });
+    }
+    Ok(replicas)
+}
+
+fn placement_constraints(
+    sources: &Sources<'_>,
+) -> Result<malachi_meta::placement::Constraints, ConfigError> {
+    use malachi_meta::placement::{Constraints, PlacementMode};
+    let mode = match sources.raw("LOG_PLACEMENT_POLICY") {
+        None => PlacementMode::Soft,
+        Some((variable, value)) => match value.trim() {
+            "soft" => PlacementMode::Soft,
+            "hard" => PlacementMode::Hard,
+            _ => {
+                return Err(ConfigError::Invalid {
+                    name: variable,
+                    value,
+                    expected: "soft or hard",
+                });
+            }
+        },
+    };
+    let max_skew = match sources.raw("LOG_MAX_SKEW") {
+        None => None,
+        Some(_) => Some(sources.number("LOG_MAX_SKEW", 0u32)?),
+    };
+    Ok(Constraints {
+        spread_by: sources.text("LOG_SPREAD_BY").filter(|name| !name.trim().is_empty()),
+        min_domains: sources.number("LOG_MIN_DOMAINS", 0)?,
+        max_skew,
+        mode,
+    })
 }
 
 fn looks_like_host_port(text: &str) -> bool {

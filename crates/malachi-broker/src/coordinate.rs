@@ -60,11 +60,13 @@ impl Broker {
     /// each vnode this broker leads, its coordinator's decisions, carried out in turn.
     pub async fn coordinate_once(&self) {
         self.roll_by_age().await;
+        self.roll_heads_without_replication();
         self.report_load().await;
         for vnode in self.ring.iter() {
             if self.observe_leadership(vnode).is_none() {
                 continue;
             }
+            self.roll_heads_of_dead_primaries(vnode);
             let now_ms = self.clock.now_ms();
             let policies = self.policy_definitions();
             let decisions = vnode.group.read(|meta| {
@@ -74,6 +76,57 @@ impl Broker {
             for decision in decisions {
                 self.carry_out(vnode, decision).await;
             }
+        }
+    }
+
+    /// Asks for a roll of every replicated head this broker is the primary of but holds no
+    /// replication state for (it restarted since it created the head): it takes no appends
+    /// and shows readers nothing until failover seals it, which must not wait for a producer.
+    fn roll_heads_without_replication(&self) {
+        let stateless: Vec<(u64, u32)> = self.read_every_meta(|meta| {
+            meta.topics()
+                .flat_map(|topic| topic.active_ranges().map(move |range| (topic, range)))
+                .filter_map(|(topic, range)| {
+                    let segment_id = range.active_segment_id()?;
+                    let segment = meta.segment(segment_id)?;
+                    let key = SegmentKey {
+                        topic_id: topic.topic_id,
+                        range_id: range.range_id,
+                        segment_id,
+                    };
+                    let stateless = segment.replicas.len() > 1
+                        && segment.replicas.first() == Some(&self.node_id)
+                        && self.replication.head(key).is_none();
+                    stateless.then_some((topic.topic_id, range.range_id))
+                })
+                .collect()
+        });
+        for (topic_id, range_id) in stateless {
+            self.request_roll(topic_id, range_id);
+        }
+    }
+
+    /// Rolls the replicated heads of `vnode` whose primary membership holds dead: failover
+    /// seals them on their followers and their ranges take writes again on live brokers,
+    /// without waiting for a producer to ask.
+    fn roll_heads_of_dead_primaries(&self, vnode: &Vnode) {
+        let orphaned: Vec<(u64, u32)> = vnode.group.read(|meta| {
+            meta.0
+                .topics()
+                .flat_map(|topic| topic.active_ranges().map(move |range| (topic, range)))
+                .filter_map(|(topic, range)| {
+                    let segment = meta.0.segment(range.active_segment_id()?)?;
+                    let primary = *segment.replicas.first()?;
+                    let orphaned = segment.replicas.len() > 1
+                        && primary != self.node_id
+                        && self.member_status(primary) == crate::gossip::PeerStatus::Dead;
+                    orphaned.then_some((topic.topic_id, range.range_id))
+                })
+                .collect()
+        });
+        for (topic_id, range_id) in orphaned {
+            tracing::info!(topic_id, range_id, "the primary of a head is dead: rolling it");
+            self.request_roll(topic_id, range_id);
         }
     }
 

@@ -142,6 +142,8 @@ pub struct Opened {
     /// Metadata has not heard that this node's file exists (it was created now, or by a call
     /// whose report was lost): the caller reports it.
     pub report_created: bool,
+    /// This call created the file: it holds nothing, and nothing of it was ever shipped.
+    pub created: bool,
 }
 
 /// Recovery reports kept for inspection.
@@ -386,7 +388,7 @@ impl DataPlane {
         listed: impl FnOnce() -> Option<Listed>,
     ) -> Result<Opened, DataError> {
         if let Some(segment) = self.peek(key) {
-            return Ok(Opened { segment, fresh: false, report_created: false });
+            return Ok(Opened { segment, fresh: false, report_created: false, created: false });
         }
         let gate = self.gate(key);
         let held = Arc::clone(&gate).lock_owned().await;
@@ -402,7 +404,7 @@ impl DataPlane {
         held: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<Opened, DataError> {
         if let Some(segment) = self.peek(key) {
-            return Ok(Opened { segment, fresh: false, report_created: false });
+            return Ok(Opened { segment, fresh: false, report_created: false, created: false });
         }
         let listed = listed().ok_or(DataError::Gone(key))?;
         if self.committer.failed() {
@@ -445,10 +447,10 @@ impl DataPlane {
                 // Closed handles close their files here, outside the lock; the gate goes last.
                 drop(closed);
                 drop(held);
-                Ok::<_, DataError>((segment, opened.1))
+                Ok::<_, DataError>((segment, opened.1, opened.2))
             })
             .await;
-        let (segment, report) = match opened {
+        let (segment, report, created) = match opened {
             Ok(opened) => opened,
             Err(error) => {
                 tracing::warn!(?key, %error, "opening a segment failed");
@@ -460,7 +462,7 @@ impl DataPlane {
             self.note_recovery(key, report);
         }
         let report_created = listed == Listed::ActiveUnborn;
-        Ok(Opened { segment, fresh: true, report_created })
+        Ok(Opened { segment, fresh: true, report_created, created })
     }
 
     fn gate(&self, key: SegmentKey) -> Arc<tokio::sync::Mutex<()>> {
@@ -595,7 +597,8 @@ enum EnsureDir {
     WithoutSync,
 }
 
-type OpenOutcome = Result<(Arc<Segment>, Option<RecoveryReport>), DataError>;
+/// The segment, what recovering it found, and whether its file was created now.
+type OpenOutcome = Result<(Arc<Segment>, Option<RecoveryReport>, bool), DataError>;
 
 impl OpenTask {
     fn run(self) -> OpenOutcome {
@@ -605,7 +608,7 @@ impl OpenTask {
             let committer = &self.committer;
             let id = key.segment_id;
             match Segment::reopen_clean(storage, &self.dir, id, self.config, committer, clean) {
-                Ok(segment) => return Ok((segment, None)),
+                Ok(segment) => return Ok((segment, None, false)),
                 Err(error) => tracing::warn!(?key, %error, "a closed segment changed; recovering"),
             }
         }
@@ -630,7 +633,7 @@ impl OpenTask {
         }
         let storage = Arc::clone(&self.storage);
         Segment::create(storage, &self.dir, self.key.segment_id, self.config, &self.committer)
-            .map(|segment| (segment, None))
+            .map(|segment| (segment, None, true))
             .map_err(|source| DataError::Open { key: self.key, source })
     }
 
@@ -650,7 +653,7 @@ impl OpenTask {
             }
         };
         match opened {
-            Ok((segment, report)) => Ok((segment, Some(report))),
+            Ok((segment, report)) => Ok((segment, Some(report), false)),
             Err(OpenError::BadHeader(error)) => {
                 let sealed = matches!(self.listed, Listed::Sealed { .. });
                 // Its sync, like recovery's, may drop bytes only the journal holds.
@@ -675,10 +678,11 @@ impl OpenTask {
     }
 }
 
-/// Deletes a segment's data and index files and makes the deletion durable.
+/// Deletes a segment's data, index and fence files and makes the deletion durable.
 fn remove_files(storage: &dyn Storage, dir: &Path, segment_id: u64) -> io::Result<()> {
     let (data_path, index_path) = segment_paths(dir, segment_id);
-    for path in [data_path, index_path] {
+    let fence = malachi_log::fence_path(dir, segment_id);
+    for path in [data_path, index_path, fence] {
         storage.remove(&path).or_else(ignore_missing)?;
     }
     storage.sync_dir(dir).or_else(ignore_missing)

@@ -40,6 +40,12 @@ pub enum LogError {
     /// The data asked for is held by another broker of the cluster; retry (through it).
     #[error("held by brokers {holders:?}, not this one")]
     NotOwner { holders: Vec<u64> },
+    /// Hard placement constraints cannot be met by the live brokers; retry once more are up.
+    #[error("no placement of the replicas meets the hard constraints: {0}")]
+    PlacementUnmet(String),
+    /// The segment's replicas could not reach a quorum for the append (or its seal).
+    #[error("no quorum of the segment's replicas: {0}")]
+    NoQuorum(String),
     /// The reader's position spans more ranges than a cursor may name
     /// ([`crate::cursor::CURSOR_ENTRIES_MAX`]).
     #[error("the reader's position spans {entries} ranges, more than a cursor holds")]
@@ -63,6 +69,8 @@ impl LogError {
             LogError::PermissionDenied => "permission_denied".into(),
             LogError::FrontierTooWide { .. } => "too_many_ranges".into(),
             LogError::NotOwner { .. } => "not_owner".into(),
+            LogError::PlacementUnmet(_) => "placement_unmet".into(),
+            LogError::NoQuorum(_) => "no_quorum".into(),
             LogError::Remote { reason, .. } => reason.clone(),
         }
     }
@@ -71,7 +79,11 @@ impl LogError {
     pub fn is_retryable(&self) -> bool {
         match self {
             LogError::Storage { reason, .. } => *reason != "storage_damaged",
-            LogError::Unavailable(_) | LogError::Migrating | LogError::NotOwner { .. } => true,
+            LogError::Unavailable(_)
+            | LogError::Migrating
+            | LogError::NotOwner { .. }
+            | LogError::PlacementUnmet(_)
+            | LogError::NoQuorum(_) => true,
             LogError::Remote { retryable, .. } => *retryable,
             _ => false,
         }

@@ -14,11 +14,12 @@ use malachi_log::{ReadError, Record};
 use malachi_meta::Topic;
 
 use crate::cursor::{Cursor, RangePosition};
-use crate::data::{DataError, SegmentKey};
+use crate::data::{DataError, Listed, SegmentKey};
 use crate::error::LogError;
 use crate::frontier::{self, Frontier};
 use crate::node::Broker;
 use crate::remote::Remote;
+use crate::replica::Role;
 
 /// Clamps of wire-protocol.md section 3.3.
 pub const FETCH_MAX_DEFAULT: u32 = 100;
@@ -383,8 +384,11 @@ impl Broker {
         Ok(read)
     }
 
-    /// Up to `wanted` records (about `bytes_max` bytes) of segment `key` from `from`, from
-    /// this broker's file or the holder's; `None` once metadata no longer lists the segment.
+    /// Up to `wanted` records (about `bytes_max` bytes) of segment `key` from `from`, from a
+    /// copy that holds them; `None` once metadata no longer lists the segment. An active
+    /// segment is read where its primary is (the one copy that knows what a quorum holds); a
+    /// sealed one from this broker's copy if it holds one, else from the other replicas in
+    /// turn, and a copy that is damaged or short is passed over for the next.
     pub(crate) async fn read_segment(
         &self,
         key: SegmentKey,
@@ -392,16 +396,53 @@ impl Broker {
         wanted: u32,
         bytes_max: u64,
     ) -> Result<Option<Vec<Record>>, LogError> {
-        if let Some(holder) = self.holder_elsewhere(key) {
-            return Ok(match self.remote_read(holder, key, (from, wanted, bytes_max)).await? {
-                Remote::Done(records) => Some(records),
-                Remote::FencedOrGone => None,
-            });
+        let Some(replicas) = self.replicas(key) else { return Ok(None) };
+        let sealed = matches!(self.listed(key), Some(Listed::Sealed { .. }));
+        let mut last_error = None;
+        for copy in read_order(self.node_id, &replicas, sealed) {
+            let outcome = if copy == self.node_id {
+                self.read_copy(key, from, wanted, bytes_max).await
+            } else {
+                match self.remote_read(copy, key, (from, wanted, bytes_max)).await {
+                    Ok(Remote::Done(records)) => Ok(Some(records)),
+                    Ok(Remote::FencedOrGone) => Ok(None),
+                    Err(error) => Err(error),
+                }
+            };
+            match outcome {
+                Ok(Some(records)) if !records.is_empty() || wanted == 0 => {
+                    return Ok(Some(records));
+                }
+                Ok(Some(records)) => last_error.get_or_insert(Ok(Some(records))),
+                Ok(None) => return Ok(None),
+                Err(error) => {
+                    tracing::debug!(?key, copy, %error, "a copy could not serve a read");
+                    last_error.get_or_insert(Err(error))
+                }
+            };
         }
+        last_error.unwrap_or(Ok(None))
+    }
+
+    /// Reads this broker's own copy of `key`; an active replicated copy only up to what a
+    /// quorum holds, as far as this broker knows.
+    pub(crate) async fn read_copy(
+        &self,
+        key: SegmentKey,
+        from: u64,
+        wanted: u32,
+        bytes_max: u64,
+    ) -> Result<Option<Vec<Record>>, LogError> {
         let segment = match self.segment(key).await {
             Ok(segment) => segment,
             Err(DataError::Gone(_)) => return Ok(None),
             Err(error) => return Err(error.into()),
+        };
+        let wanted = match self.visible_end(key) {
+            Some(visible) if !matches!(self.listed(key), Some(Listed::Sealed { .. })) => {
+                wanted.min(span_records(from, visible))
+            }
+            _ => wanted,
         };
         let batch = match self.data.read(Arc::clone(&segment), from, wanted, bytes_max).await {
             // A write or seal that failed poisoned the head; if no produce comes to repair it,
@@ -422,20 +463,53 @@ impl Broker {
         Ok(Some(batch.records.into_iter().map(|stored| stored.record).collect()))
     }
 
-    /// The durable end of active segment `key`, here or on its holder, and whether the head is
-    /// sealed there already (a broker whose metadata still calls it active is behind: the range
-    /// moved on); `None` once metadata no longer lists it.
+    /// Where active segment `key` ends for readers (what a quorum of its replicas holds), and
+    /// whether the head is sealed there already (a broker whose metadata still calls it active
+    /// is behind: the range moved on); `None` once metadata no longer lists it. Asked of the
+    /// primary; of the other replicas if it cannot answer.
     pub(crate) async fn segment_end(&self, key: SegmentKey) -> Result<Option<HeadEnd>, LogError> {
-        if let Some(holder) = self.holder_elsewhere(key) {
-            return Ok(match self.remote_end(holder, key).await? {
-                Remote::Done(end) => Some(end),
-                Remote::FencedOrGone => None,
-            });
+        let Some(replicas) = self.replicas(key) else { return Ok(None) };
+        let mut last_error = None;
+        for copy in read_order(self.node_id, &replicas, false) {
+            let outcome = if copy == self.node_id {
+                self.local_end(key).await
+            } else {
+                match self.remote_end(copy, key).await {
+                    Ok(Remote::Done(end)) => Ok(Some(end)),
+                    Ok(Remote::FencedOrGone) => Ok(None),
+                    Err(error) => Err(error),
+                }
+            };
+            match outcome {
+                Err(error) => {
+                    last_error.get_or_insert(error);
+                }
+                done => return done,
+            }
         }
+        Err(last_error.unwrap_or(LogError::NoSuchTopic))
+    }
+
+    /// Where this broker's copy of active segment `key` ends for readers.
+    pub(crate) async fn local_end(&self, key: SegmentKey) -> Result<Option<HeadEnd>, LogError> {
         match self.active_durable_end(key).await {
-            Ok(offset) => {
+            Ok(durable) => {
                 let sealed =
                     self.data.peek(key).is_some_and(|segment| segment.status().sealed.is_some());
+                let offset = match self.role(key) {
+                    Some(Role::Primary { .. }) | Some(Role::Follower { .. }) => {
+                        match self.visible_end(key) {
+                            Some(visible) => visible.min(durable),
+                            None => {
+                                // A primary that restarted since it created the head does not
+                                // know what a quorum holds: failover seals the head first.
+                                self.request_roll(key.topic_id, key.range_id);
+                                return Err(LogError::Migrating);
+                            }
+                        }
+                    }
+                    _ => durable,
+                };
                 Ok(Some(HeadEnd { offset, sealed }))
             }
             Err(DataError::Gone(_)) => Ok(None),
@@ -455,6 +529,26 @@ impl Broker {
                 .collect()
         })
     }
+}
+
+/// The copies of a segment (`replicas`, the primary first) a read tries, in order: of a
+/// sealed segment this broker's own copy first, then the others in turn; of an active one
+/// only the primary's, the one copy that knows what a quorum holds (a follower knows only
+/// what its primary last told it, which may lag what was acknowledged: reading there could
+/// miss acknowledged records, and an active head with no primary to answer is sealed by
+/// failover soon).
+fn read_order(node_id: u64, replicas: &[u64], sealed: bool) -> Vec<u64> {
+    if !sealed {
+        return replicas.first().copied().into_iter().collect();
+    }
+    let mine = replicas.contains(&node_id).then_some(node_id);
+    let mut order: Vec<u64> = mine.into_iter().collect();
+    for &copy in replicas {
+        if !order.contains(&copy) {
+            order.push(copy);
+        }
+    }
+    order
 }
 
 /// Records left in a span from `offset` to `end`, as a read limit.

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use malachi_meta::placement::{self, Candidate, Constraints};
+use malachi_meta::placement::{self, Candidate};
 use malachi_meta::{
     MergeRanges, MetaCommand, MetaError, MetaResponse, RangeError, RollSegment, SealReport,
     SegmentRef, SplitRange,
@@ -72,7 +72,7 @@ impl Broker {
             range_id,
             seal,
             now_ms,
-            replicas: self.segment_replicas(&placement_object(topic_id, range_id, now_ms)),
+            replicas: self.segment_replicas(&placement_object(topic_id, range_id, now_ms))?,
         });
         let response = self.propose_in_term(term, topic_id, command).await;
         match response {
@@ -106,12 +106,13 @@ impl Broker {
             object.push(child);
             self.segment_replicas(&object)
         };
+        let child_replicas = [child(0)?, child(1)?];
         let command = MetaCommand::SplitRange(SplitRange {
             topic_id,
             range_id,
             seal: Some(seal),
             now_ms,
-            child_replicas: [child(0), child(1)],
+            child_replicas,
             quota: self.config.quota(),
         });
         match self.propose_in_term(term, topic_id, command).await {
@@ -158,7 +159,7 @@ impl Broker {
             range_ids: [left, right],
             seals: [Some(left_seal), Some(right_seal)],
             now_ms,
-            replicas: self.segment_replicas(&placement_object(topic_id, left, now_ms)),
+            replicas: self.segment_replicas(&placement_object(topic_id, left, now_ms))?,
         });
         match self.propose_in_term(term, topic_id, command).await {
             Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
@@ -208,14 +209,34 @@ impl Broker {
         self.seal_anywhere(SegmentKey { topic_id, range_id, segment_id }).await
     }
 
-    /// Seals segment `key` on the broker holding it (here or there).
+    /// Seals segment `key` where it is held: a segment with one copy on the broker holding
+    /// it; a replicated one by its primary, or by failover when the primary cannot (dead,
+    /// out of reach, or failing), never by promoting another copy (`failover.rs`).
     pub(crate) async fn seal_anywhere(&self, key: SegmentKey) -> Result<SealReport, LogError> {
-        match self.holder_elsewhere(key) {
-            None => self.seal_here(key).await,
-            Some(holder) => match self.remote_seal(holder, key).await? {
-                Remote::Done(seal) => Ok(seal),
-                Remote::FencedOrGone => Err(LogError::Migrating),
-            },
+        let replicated = self.replicas(key).is_some_and(|replicas| replicas.len() > 1);
+        let Some(primary) = self.holder_elsewhere(key) else {
+            return self.seal_held(key).await;
+        };
+        if replicated && self.member_status(primary) == PeerStatus::Dead {
+            tracing::info!(?key, primary, "the primary is dead: failover");
+            return self.seal_by_failover(key).await;
+        }
+        match self.remote_seal(primary, key).await {
+            Ok(Remote::Done(seal)) => Ok(seal),
+            Ok(Remote::FencedOrGone) => Err(LogError::Migrating),
+            Err(error) if replicated => {
+                tracing::warn!(?key, primary, %error, "the primary did not seal; failover");
+                self.seal_by_failover(key).await
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Seals `key` on this broker, which holds its one copy or is its primary.
+    pub(crate) async fn seal_held(&self, key: SegmentKey) -> Result<SealReport, LogError> {
+        match self.replicas(key) {
+            Some(replicas) if replicas.len() > 1 => self.seal_as_primary(key).await,
+            _ => self.seal_here(key).await,
         }
     }
 
@@ -305,9 +326,11 @@ impl Broker {
     }
 
     /// The replicas of a segment about to be created, for `object` (what the command creates:
-    /// a topic's name, a range and a time): rendezvous hashing over the brokers membership
-    /// holds alive (this one alone: itself). One replica each until segments are replicated.
-    pub(crate) fn segment_replicas(&self, object: &[u8]) -> Vec<u64> {
+    /// a topic's name, a range and a time): `MALACHI_LOG_REPLICATION_FACTOR` of the brokers
+    /// membership holds alive (fewer when fewer are alive: a broker alone keeps one copy),
+    /// chosen by rendezvous hashing and spread by the placement constraints. The first is the
+    /// primary. Hard constraints that cannot be met refuse (`placement_unmet`).
+    pub(crate) fn segment_replicas(&self, object: &[u8]) -> Result<Vec<u64>, LogError> {
         let mut live: Vec<Candidate> = self
             .cluster_view()
             .brokers
@@ -327,24 +350,34 @@ impl Broker {
                 attributes: self.config.attributes.clone(),
             });
         }
-        placement::place(object, 1, &live, &[], &Constraints::default())
-            .expect("one replica among live brokers always places")
-            .brokers
+        let cluster = &self.config.cluster;
+        let replicas = cluster.replication_factor.min(live.len());
+        let placement = placement::place(object, replicas, &live, &[], &cluster.placement)
+            .map_err(|error| LogError::PlacementUnmet(error.to_string()))?;
+        Ok(placement.brokers)
     }
 
-    /// Creates the files of newly allocated segments on the brokers holding them. A broker
-    /// that cannot be reached is not waited for: it creates the file when the segment is first
-    /// used there, as metadata lists it (`Listed::ActiveUnborn`).
+    /// Creates the files of newly allocated segments on every broker holding a replica. A
+    /// broker that cannot be reached is not waited for: it creates the file when the segment
+    /// is first used there (a follower, when its primary ships the first batch), as metadata
+    /// lists it (`Listed::ActiveUnborn`).
     pub(crate) async fn create_placed(&self, keys: &[SegmentKey]) {
         for &key in keys {
-            let created = match self.holder_elsewhere(key) {
-                None => self.create_segments(&[key]).await,
-                Some(holder) => self.remote_create(holder, key).await,
-            };
-            if let Err(error) = created {
-                tracing::warn!(?key, %error, "creating a new segment's file failed; it is \
-                    created when first used");
-            }
+            let replicas = self.read_meta(key.segment_id, |meta| {
+                meta.segment(key.segment_id).map(|segment| segment.replicas.clone())
+            });
+            let creates = replicas.unwrap_or_default().into_iter().map(|replica| async move {
+                let created = if replica == self.node_id {
+                    self.create_segments(&[key]).await
+                } else {
+                    self.remote_create(replica, key).await
+                };
+                if let Err(error) = created {
+                    tracing::warn!(?key, replica, %error, "creating a new segment's file \
+                        failed; it is created when first used");
+                }
+            });
+            futures_util::future::join_all(creates).await;
         }
     }
 }

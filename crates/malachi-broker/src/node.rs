@@ -146,6 +146,8 @@ pub struct Broker {
     pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     /// Every broker's membership status, as the SWIM driver (`gossip.rs`) last published it.
     pub(crate) statuses: Mutex<crate::gossip::MemberStatuses>,
+    /// The replicated heads this broker is the primary of, and its follower copies.
+    pub(crate) replication: crate::replica::Replication,
     /// This broker, for background tasks it starts.
     pub(crate) me: std::sync::Weak<Broker>,
 }
@@ -277,6 +279,7 @@ impl Broker {
             members: Mutex::new(Members::default()),
             leadership_moved_ms: Mutex::new(Default::default()),
             statuses: Mutex::new(Default::default()),
+            replication: Default::default(),
         });
         Ok(broker)
     }

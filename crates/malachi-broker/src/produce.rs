@@ -19,6 +19,7 @@ use crate::data::{DataError, SegmentKey};
 use crate::error::LogError;
 use crate::node::Broker;
 use crate::remote::Remote;
+use crate::replica::ReplicatedAppendError;
 
 /// Re-route attempts after a fenced head before answering `migrating`.
 const ROUTE_ATTEMPTS_MAX: u32 = 64;
@@ -36,6 +37,16 @@ pub(crate) struct Pass {
     pub(crate) fenced: Vec<usize>,
     pub(crate) failure: Option<LogError>,
     pub(crate) appended_any: bool,
+}
+
+impl Pass {
+    fn merge(&mut self, other: Pass) {
+        self.fenced.extend(other.fenced);
+        self.appended_any |= other.appended_any;
+        if let Some(error) = other.failure {
+            self.failure.get_or_insert(error);
+        }
+    }
 }
 
 /// Records bound for one segment, with their positions in the request.
@@ -144,12 +155,14 @@ impl Broker {
         }
     }
 
-    /// Appends the batches bound for this broker's own heads.
+    /// Appends the batches bound for this broker's own heads: those it holds alone through
+    /// one round of the group commit, the replicated ones it is the primary of through their
+    /// replication, all at once.
     pub(crate) async fn append_local(&self, batches: Vec<RangeBatch>, records: &[Record]) -> Pass {
         let mut pass = Pass::default();
-        let mut appends = Vec::with_capacity(batches.len());
-        let mut sizes = Vec::with_capacity(batches.len());
-        for batch in &batches {
+        let mut plain = Vec::with_capacity(batches.len());
+        let mut replicated = Vec::new();
+        for batch in batches {
             let segment = match self.segment(batch.key).await {
                 Ok(segment) => segment,
                 Err(error) => {
@@ -157,39 +170,88 @@ impl Broker {
                     return pass;
                 }
             };
-            let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
-            sizes.push(owned.iter().map(Record::user_bytes).sum::<u64>());
-            appends.push((segment, owned));
-        }
-        let segments: Vec<Arc<malachi_log::Segment>> =
-            appends.iter().map(|(segment, _)| Arc::clone(segment)).collect();
-        // Every range's records are staged first and then wait together: one round of the
-        // node's group commit covers the whole request, whatever the number of ranges.
-        let outcomes = self.data.append_all(appends).await;
-        let joined = batches.into_iter().zip(sizes).zip(segments).zip(outcomes);
-        for (((batch, bytes), segment), outcome) in joined {
-            match outcome {
-                Ok(_) => {
-                    let active_bytes = segment.status().durable_bytes;
-                    self.after_append(batch.key, batch.indexes.len() as u64, bytes, active_bytes);
-                    pass.appended_any = true;
-                }
-                Err(AppendError::Sealed { .. }) => {
-                    // A reshape sealed it under us (it moves the head on), or one stopped
-                    // after its seal (a crash, a refusal): the roll asked for completes it.
-                    self.request_roll(batch.key.topic_id, batch.key.range_id);
-                    pass.fenced.extend(batch.indexes);
-                }
-                Err(error) => {
-                    if let AppendError::Poisoned { cause } = error {
-                        tracing::error!(key = ?batch.key, %cause, "an append failed on storage");
-                        self.repair_poisoned(batch.key, &segment);
-                    }
-                    pass.failure.get_or_insert(LogError::from(DataError::Append(error)));
-                }
+            match self.role(batch.key) {
+                Some(crate::replica::Role::Primary { .. }) => replicated.push((batch, segment)),
+                _ => plain.push((batch, segment)),
             }
         }
+        let replicated = join_all(replicated.into_iter().map(|(batch, segment)| async move {
+            let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
+            let bytes = owned.iter().map(Record::user_bytes).sum::<u64>();
+            let outcome = self.append_replicated(batch.key, Arc::clone(&segment), owned).await;
+            (batch, bytes, segment, outcome)
+        }));
+        let (plain, replicated) = tokio::join!(self.append_plain(plain, records), replicated);
+        pass.merge(plain);
+        for (batch, bytes, segment, outcome) in replicated {
+            let outcome = match outcome {
+                Ok(ticket) => Ok(ticket),
+                Err(ReplicatedAppendError::Append(error)) => Err(error),
+                Err(ReplicatedAppendError::NoQuorum) => {
+                    pass.failure.get_or_insert(LogError::NoQuorum(format!(
+                        "the replicas of range {} did not acknowledge in time",
+                        batch.key.range_id
+                    )));
+                    continue;
+                }
+            };
+            self.after_outcome(&mut pass, batch, bytes, &segment, outcome);
+        }
         pass
+    }
+
+    /// Appends batches to heads this broker holds alone: every range's records are staged
+    /// first and then wait together, so one round of the node's group commit covers the whole
+    /// request, whatever the number of ranges.
+    async fn append_plain(
+        &self,
+        batches: Vec<(RangeBatch, Arc<malachi_log::Segment>)>,
+        records: &[Record],
+    ) -> Pass {
+        let mut pass = Pass::default();
+        let mut appends = Vec::with_capacity(batches.len());
+        let mut sizes = Vec::with_capacity(batches.len());
+        for (batch, segment) in &batches {
+            let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
+            sizes.push(owned.iter().map(Record::user_bytes).sum::<u64>());
+            appends.push((Arc::clone(segment), owned));
+        }
+        let outcomes = self.data.append_all(appends).await;
+        for (((batch, segment), bytes), outcome) in batches.into_iter().zip(sizes).zip(outcomes) {
+            self.after_outcome(&mut pass, batch, bytes, &segment, outcome);
+        }
+        pass
+    }
+
+    /// What one batch's append came to, into `pass`.
+    fn after_outcome(
+        &self,
+        pass: &mut Pass,
+        batch: RangeBatch,
+        bytes: u64,
+        segment: &Arc<malachi_log::Segment>,
+        outcome: Result<malachi_log::AppendTicket, AppendError>,
+    ) {
+        match outcome {
+            Ok(_) => {
+                let active_bytes = segment.status().durable_bytes;
+                self.after_append(batch.key, batch.indexes.len() as u64, bytes, active_bytes);
+                pass.appended_any = true;
+            }
+            Err(AppendError::Sealed { .. }) => {
+                // A reshape sealed it under us (it moves the head on), or one stopped
+                // after its seal (a crash, a refusal): the roll asked for completes it.
+                self.request_roll(batch.key.topic_id, batch.key.range_id);
+                pass.fenced.extend(batch.indexes);
+            }
+            Err(error) => {
+                if let AppendError::Poisoned { cause } = error {
+                    tracing::error!(key = ?batch.key, %cause, "an append failed on storage");
+                    self.repair_poisoned(batch.key, segment);
+                }
+                pass.failure.get_or_insert(LogError::from(DataError::Append(error)));
+            }
+        }
     }
 
     /// Groups pending records by the head segment of the range that owns them, keeping each

@@ -39,6 +39,8 @@ pub const CALL_END: u8 = 3;
 pub const CALL_SEAL: u8 = 4;
 /// Create the file of a segment metadata has just allocated.
 pub const CALL_CREATE: u8 = 5;
+/// A batch the primary ships to a follower's copy (`replica.rs`).
+pub const CALL_REPLICATE: u8 = 6;
 
 /// How long a broker asked to create a segment's file waits to apply the metadata that
 /// allocated it (the leader committed it; a follower applies it a moment later).
@@ -48,7 +50,7 @@ const CREATE_WAIT_MS: u64 = 2_000;
 /// busy disk can delay for seconds.
 const DATA_CALL_TIMEOUT_MS: u64 = 30_000;
 
-const DONE: u8 = 0;
+pub(crate) const DONE: u8 = 0;
 const FENCED_OR_GONE: u8 = 1;
 const FAILED: u8 = 2;
 
@@ -60,12 +62,12 @@ pub(crate) enum Remote<T> {
 }
 
 impl Broker {
-    /// The broker holding `key` (its primary) when that is not this one.
+    /// The primary of `key` when that is not this broker: appends, and reads of an active
+    /// segment, go there.
     pub(crate) fn holder_elsewhere(&self, key: SegmentKey) -> Option<u64> {
         self.read_meta(key.segment_id, |meta| {
-            let segment = meta.segment(key.segment_id)?;
-            (!segment.replicas.contains(&self.node_id))
-                .then(|| segment.replicas.first().copied())?
+            let primary = *meta.segment(key.segment_id)?.replicas.first()?;
+            (primary != self.node_id).then_some(primary)
         })
     }
 
@@ -136,19 +138,31 @@ impl Broker {
         }
     }
 
-    async fn data_call(
+    pub(crate) async fn data_call(
         &self,
         holder: u64,
         kind: u8,
         payload: Vec<u8>,
     ) -> Result<Vec<u8>, LogError> {
-        let transport = self.transport().ok_or(LogError::NotOwner { holders: vec![holder] })?;
         // Membership already knows: answer at once instead of after a connect timeout.
         if self.member_status(holder) == crate::gossip::PeerStatus::Dead {
             return Err(LogError::Unavailable(format!(
                 "broker {holder}, which holds the segment, is down (membership)"
             )));
         }
+        self.data_call_within(holder, kind, payload, DATA_CALL_TIMEOUT_MS).await
+    }
+
+    /// A data call to `holder` answered within `timeout_ms`, made whatever membership says of
+    /// it (a failover asks a broker suspected dead directly: one that answers is alive).
+    pub(crate) async fn data_call_within(
+        &self,
+        holder: u64,
+        kind: u8,
+        payload: Vec<u8>,
+        timeout_ms: u64,
+    ) -> Result<Vec<u8>, LogError> {
+        let transport = self.transport().ok_or(LogError::NotOwner { holders: vec![holder] })?;
         let request = Request {
             service: Service::Data,
             group_id: 0,
@@ -156,7 +170,7 @@ impl Broker {
             source_node_id: self.node_id,
             payload,
         };
-        let timeout = Duration::from_millis(DATA_CALL_TIMEOUT_MS);
+        let timeout = Duration::from_millis(timeout_ms);
         transport.call(holder, request, timeout).await.map_err(|error| {
             LogError::Unavailable(format!("broker {holder}, which holds the segment: {error}"))
         })
@@ -174,6 +188,15 @@ impl Broker {
         {
             tracing::debug!(?key, %error, "read barrier for an unknown segment failed");
         }
+        match request.kind {
+            CALL_REPLICATE => {
+                return self.replicate_here(request.source_node_id, key, &mut reader).await;
+            }
+            crate::failover::CALL_FENCE..=crate::failover::CALL_READ_RAW => {
+                return self.handle_seal_call(request.kind, key, &mut reader).await;
+            }
+            _ => {}
+        }
         let mut answer = vec![DONE];
         let outcome = match request.kind {
             CALL_APPEND => {
@@ -182,7 +205,7 @@ impl Broker {
             }
             CALL_READ => {
                 let (from, wanted, bytes_max) = (reader.u64()?, reader.u32()?, reader.u64()?);
-                match self.read_segment(key, from, wanted, bytes_max).await {
+                match self.read_copy(key, from, wanted, bytes_max).await {
                     Ok(Some(records)) => {
                         encode_records(&records, &mut answer);
                         Ok(true)
@@ -191,7 +214,7 @@ impl Broker {
                     Err(error) => Err(error),
                 }
             }
-            CALL_SEAL => match self.seal_here(key).await {
+            CALL_SEAL => match self.seal_held(key).await {
                 Ok(seal) => {
                     answer.extend_from_slice(&seal.end_offset.to_le_bytes());
                     answer.extend_from_slice(&seal.data_bytes.to_le_bytes());
@@ -201,7 +224,7 @@ impl Broker {
                 Err(error) => Err(error),
             },
             CALL_CREATE => self.create_when_listed(key).await,
-            CALL_END => match self.segment_end(key).await {
+            CALL_END => match self.local_end(key).await {
                 Ok(Some(end)) => {
                     answer.extend_from_slice(&end.offset.to_le_bytes());
                     answer.push(u8::from(end.sealed));
@@ -215,11 +238,7 @@ impl Broker {
         Ok(match outcome {
             Ok(true) => answer,
             Ok(false) => vec![FENCED_OR_GONE],
-            Err(error) => {
-                let mut failed = vec![FAILED, u8::from(error.is_retryable())];
-                failed.extend_from_slice(error.reason().as_bytes());
-                failed
-            }
+            Err(error) => encode_failure(&error),
         })
     }
 
@@ -260,7 +279,14 @@ impl Broker {
     }
 }
 
-fn encode_key(key: SegmentKey) -> Vec<u8> {
+/// A data call's failure answer: retryable or not, then the wire reason.
+pub(crate) fn encode_failure(error: &LogError) -> Vec<u8> {
+    let mut failed = vec![FAILED, u8::from(error.is_retryable())];
+    failed.extend_from_slice(error.reason().as_bytes());
+    failed
+}
+
+pub(crate) fn encode_key(key: SegmentKey) -> Vec<u8> {
     let mut out = Vec::with_capacity(20);
     out.extend_from_slice(&key.topic_id.to_le_bytes());
     out.extend_from_slice(&key.range_id.to_le_bytes());
@@ -272,7 +298,7 @@ fn decode_key(reader: &mut Reader<'_>) -> Result<SegmentKey, String> {
     Ok(SegmentKey { topic_id: reader.u64()?, range_id: reader.u32()?, segment_id: reader.u64()? })
 }
 
-fn decode_answer<T>(
+pub(crate) fn decode_answer<T>(
     answer: &[u8],
     done: impl FnOnce(&[u8]) -> Result<T, String>,
 ) -> Result<Remote<T>, LogError> {
@@ -351,7 +377,7 @@ impl Reader<'_> {
         Ok(*head)
     }
 
-    fn u8(&mut self) -> Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> Result<u8, String> {
         Ok(self.take::<1>()?[0])
     }
 
@@ -359,11 +385,11 @@ impl Reader<'_> {
         self.take().map(u16::from_le_bytes)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    pub(crate) fn u32(&mut self) -> Result<u32, String> {
         self.take().map(u32::from_le_bytes)
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    pub(crate) fn u64(&mut self) -> Result<u64, String> {
         self.take().map(u64::from_le_bytes)
     }
 

@@ -28,6 +28,9 @@ impl Broker {
     pub(crate) async fn segment(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
         self.check_held_here(key)?;
         let opened = self.data.open(key, || self.listed(key)).await?;
+        if opened.created {
+            self.created_copy(key);
+        }
         if opened.report_created {
             self.report_created(vec![key.segment_id]).await;
         }
@@ -46,6 +49,9 @@ impl Broker {
         for &key in keys {
             self.check_held_here(key)?;
             let opened = self.data.open(key, || self.listed(key)).await?;
+            if opened.created {
+                self.created_copy(key);
+            }
             if opened.report_created {
                 created.push(key.segment_id);
             }

@@ -155,6 +155,18 @@ impl Primary {
         self.no_quorum_from.is_none()
     }
 
+    /// The end of what was staged here.
+    pub fn staged_end(&self) -> u64 {
+        self.staged_end
+    }
+
+    /// The first offset still held in memory for shipping: records below it are on every
+    /// follower in reach and durable here, so the driver may drop them (later spans below it
+    /// are shipped from the file).
+    pub fn held_from(&self) -> u64 {
+        self.staged.front().map_or(self.staged_end, |batch| batch.start)
+    }
+
     /// What the driver must do now, in order.
     pub fn take_actions(&mut self) -> Vec<Action> {
         std::mem::take(&mut self.actions)
@@ -186,8 +198,12 @@ impl Primary {
     /// `follower` appended what it was shipped and its copy is durable to `end`. Answers may
     /// arrive out of order: one that says less than an earlier one is stale and changes nothing.
     pub fn follower_durable(&mut self, follower: u64, end: u64) {
+        // A follower never holds more than it was shipped; an answer saying so is not
+        // trusted (it comes from another broker: input, never a reason to panic).
+        if end > self.staged_end {
+            return;
+        }
         let Some(state) = self.followers.get_mut(&follower) else { return };
-        assert!(end <= self.staged_end, "{follower} durable past what was staged");
         state.unreachable = false;
         while state.in_flight.front().is_some_and(|span| span.end <= end) {
             let span = state.in_flight.pop_front().expect("front exists");
@@ -231,6 +247,15 @@ impl Primary {
         if state.unreachable {
             state.unreachable = false;
             self.ship(follower);
+        }
+    }
+
+    /// A follower refused an append because its copy is sealed (the segment is being sealed by
+    /// failover elsewhere): nothing past the acknowledged end can be acknowledged any more.
+    pub fn fence(&mut self) {
+        if self.no_quorum_from.is_none() {
+            self.no_quorum_from = Some(self.acked_end);
+            self.actions.push(Action::NoQuorum { from: self.acked_end });
         }
     }
 
@@ -289,7 +314,8 @@ impl Primary {
     }
 
     /// Moves the acknowledged end to what a quorum holds durable, and drops staged batches
-    /// every follower in reach has.
+    /// every follower in reach has and this broker holds durable (so a span shipped from the
+    /// file later finds its records there).
     fn advance(&mut self) {
         let ends = self.followers.values().map(|state| state.durable);
         let quorum_end = quorum_end(ends.chain([self.local_durable]), self.quorum);
@@ -306,7 +332,8 @@ impl Primary {
             .map(|state| state.durable)
             .min()
             .unwrap_or(u64::MAX)
-            .min(self.acked_end);
+            .min(self.acked_end)
+            .min(self.local_durable);
         while self.staged.front().is_some_and(|batch| batch.end <= everywhere) {
             self.staged.pop_front();
         }

@@ -23,7 +23,7 @@ pub use record::{Record, StoredRecord};
 pub use segment::{
     AppendTicket, BadFrame, CleanClose, CommitStats, Committer, Damage, GroupCommitConfig,
     ReadBatch, RecoveryReport, SealInfo, Segment, SegmentConfig, SegmentStatus, VerifyReport,
-    is_unborn, segment_paths, verify_segment,
+    fence_path, is_unborn, segment_paths, verify_segment,
 };
 pub use storage::{
     DIR_MODE, FILE_MODE, FilesystemSync, OpenMode, RealStorage, SimFaults, SimStorage, Storage,

@@ -144,6 +144,9 @@ reasons! {
     BrokerHoldsSegments = "broker_holds_segments",
     /// Malachi: `remove_broker` sent to the broker it names; send it through another.
     CannotRemoveSelf = "cannot_remove_self",
+    /// Malachi: the live brokers cannot hold a new segment's replicas under the hard
+    /// placement constraints (`MALACHI_LOG_PLACEMENT_POLICY=hard`); retry once more are up.
+    PlacementUnmet = "placement_unmet",
 }
 
 /// The full text of the policy `timeout` reason (section 3.5).
@@ -172,6 +175,7 @@ impl Reason {
                 | Reason::Timeout
                 | Reason::Unavailable
                 | Reason::Unfenced
+                | Reason::PlacementUnmet
         )
     }
 
@@ -312,6 +316,7 @@ mod tests {
             (Reason::NotBuddies, false),
             (Reason::InvalidRangeCount, false),
             (Reason::InvalidPassword, false),
+            (Reason::PlacementUnmet, true),
         ];
         for (reason, retryable) in cases {
             assert_eq!(reason.is_retryable(), *retryable, "{reason}");

@@ -280,8 +280,14 @@ proptest! {
             }
             prop_assert_eq!(primary.acked_end(), acked);
         }
-        // Every follower back, every span delivered and synced, the primary synced.
+        // Every follower back, every span delivered and synced, the primary synced. A
+        // follower that appended a span without syncing it yet syncs and answers first, as a
+        // live one always does.
         primary.local_durable(staged);
+        for (copy, &follower) in copies.iter_mut().zip(&followers) {
+            copy.synced = copy.appended;
+            primary.follower_durable(follower, copy.synced);
+        }
         for _ in 0..10_000 {
             for (at, &follower) in followers.iter().enumerate() {
                 primary.retry_follower(follower);

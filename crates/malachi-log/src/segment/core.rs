@@ -113,6 +113,8 @@ pub(crate) struct Core {
     pub written_back_to: u64,
     /// A flush (or a seal) owns the file's tail.
     pub flushing: bool,
+    /// Fenced by a failover: only fills (records copied from another replica) may stage.
+    pub fenced: bool,
     limits: Limits,
     group_commit: GroupCommitConfig,
 }
@@ -145,13 +147,23 @@ impl Core {
             damage: None,
             written_back_to: durable_bytes,
             flushing: false,
+            fenced: false,
             limits,
             group_commit,
         }
     }
 
-    /// Refuses appends to a poisoned or sealed segment.
+    /// Refuses appends to a poisoned, sealed or fenced segment.
     pub fn check_writable(&self) -> Result<(), AppendError> {
+        self.check_fillable()?;
+        if self.fenced {
+            return Err(AppendError::Sealed { end_offset: self.next_offset });
+        }
+        Ok(())
+    }
+
+    /// Refuses fills of a poisoned or sealed segment (a fenced one takes them).
+    pub fn check_fillable(&self) -> Result<(), AppendError> {
         if let Some(cause) = self.poisoned {
             return Err(AppendError::Poisoned { cause });
         }
@@ -171,6 +183,11 @@ impl Core {
 
     pub fn has_pending(&self) -> bool {
         self.pending_records > 0
+    }
+
+    /// The offset the next staged record gets: one past everything staged so far.
+    pub fn next_offset(&self) -> u64 {
+        self.next_offset
     }
 
     /// Whether an append of `records` records and `bytes` bytes fits the pending batch now.

@@ -126,6 +126,12 @@ pub fn segment_paths(dir: &Path, segment_id: u64) -> (PathBuf, PathBuf) {
     (dir.join(format!("{segment_id:020}.seg")), dir.join(format!("{segment_id:020}.idx")))
 }
 
+/// The fence marker of a segment: present (and durable) once a failover fenced the copy, so a
+/// restarted broker still refuses its primary's appends (see [`Segment::fence`]).
+pub fn fence_path(dir: &Path, segment_id: u64) -> PathBuf {
+    dir.join(format!("{segment_id:020}.fence"))
+}
+
 /// A segment file open for appends and reads. Always shared (`Arc`): it registers itself with
 /// its node's [`Committer`] when it has records to make durable.
 #[derive(Debug)]
@@ -249,7 +255,8 @@ impl Segment {
             None => recover_unsealed(file.as_ref(), file_len, header, &config, recovery)
                 .inspect_err(|_| committer.sync_failed())?,
         };
-        let (core, report) = recovered;
+        let (mut core, report) = recovered;
+        core.fenced = storage.exists(&fence_path(dir, segment_id))?;
         let parts = Parts { segment_id, storage, data_path, index_path, file, config };
         Ok((Segment::assemble(parts, core, committer), report))
     }
@@ -326,6 +333,8 @@ impl Segment {
                 config.group_commit,
             )
         };
+        let mut core = core;
+        core.fenced = storage.exists(&fence_path(dir, segment_id))?;
         let parts = Parts { segment_id, storage, data_path, index_path, file, config };
         Ok(Segment::assemble(parts, core, committer))
     }
@@ -360,21 +369,36 @@ impl Segment {
     /// Stages `records` into the next group commit without waiting for it. Blocks only while the
     /// pending batch is full (back-pressure), running a round if no one else is.
     pub fn stage(&self, records: &[Record]) -> Result<AppendTicket, AppendError> {
+        self.stage_checked(records, Core::check_writable)
+    }
+
+    /// Stages `records` copied from another replica of this segment: like [`Segment::stage`],
+    /// but a fenced segment takes them (a failover fills the short copies it fenced up to the
+    /// end it seals at).
+    pub fn stage_fill(&self, records: &[Record]) -> Result<AppendTicket, AppendError> {
+        self.stage_checked(records, Core::check_fillable)
+    }
+
+    fn stage_checked(
+        &self,
+        records: &[Record],
+        check: fn(&Core) -> Result<(), AppendError>,
+    ) -> Result<AppendTicket, AppendError> {
         let encoded_bytes = {
             let core = self.lock();
-            core.check_writable()?;
+            check(&core)?;
             core.limits().check(records)?
         };
         let records_count = records.len() as u64;
         let has_room = || {
             let core = self.lock();
-            core.check_writable().is_err() || core.has_room(records_count, encoded_bytes)
+            check(&core).is_err() || core.has_room(records_count, encoded_bytes)
         };
         if !has_room() {
             self.committer.wait_until(has_room);
         }
         let mut core = self.lock();
-        core.check_writable()?;
+        check(&core)?;
         let first = !core.has_pending();
         let ticket = core.stage(records, encoded_bytes);
         if first {
@@ -413,6 +437,12 @@ impl Segment {
         }
     }
 
+    /// One past the last record staged (durable or not): where the next append starts. A
+    /// replica copy checks it against the offset its primary shipped a batch for.
+    pub fn staged_end(&self) -> u64 {
+        self.lock().next_offset()
+    }
+
     /// The acknowledgement watermark: every record below it is durable.
     pub fn durable_offset(&self) -> u64 {
         self.lock().durable_offset
@@ -429,6 +459,37 @@ impl Segment {
             poisoned: core.poisoned,
             damage: core.damage,
         }
+    }
+
+    /// Fences the segment: from now on, and after any restart, it refuses appends
+    /// ([`Segment::stage`] answers `Sealed`) but takes fills ([`Segment::stage_fill`]) and a
+    /// seal. What was staged before becomes durable first; the marker file is written and
+    /// synced (with its directory entry) before this returns. Returns the durable end.
+    pub fn fence(&self) -> Result<SegmentStatus, AppendError> {
+        self.lock().fenced = true;
+        self.flush()?;
+        let dir = self.data_path.parent().expect("a segment file lives in a directory");
+        let marker = fence_path(dir, self.segment_id);
+        let written = (|| {
+            if !self.storage.exists(&marker)? {
+                let file = self.storage.open(&marker, OpenMode::CreateNew)?;
+                file.write_all_at(&[b"fenced\n"], 0)?;
+                file.sync_data()?;
+                self.storage.sync_dir(dir)?;
+            }
+            Ok::<_, io::Error>(())
+        })();
+        if let Err(error) = written {
+            let cause = PoisonCause::from_write(&error);
+            self.lock().poisoned.get_or_insert(cause);
+            return Err(AppendError::Poisoned { cause });
+        }
+        Ok(self.status())
+    }
+
+    /// Whether a failover fenced this copy.
+    pub fn is_fenced(&self) -> bool {
+        self.lock().fenced
     }
 
     /// Seals the segment: stops staging, lets a round make what is staged durable, then writes

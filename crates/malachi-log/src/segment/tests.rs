@@ -134,6 +134,38 @@ fn seal_is_a_fence_that_survives_reopen() {
 }
 
 #[test]
+fn a_fence_refuses_appends_takes_fills_and_survives_a_power_loss() {
+    let sim = SimStorage::new(5);
+    let storage: Arc<dyn Storage> = Arc::new(sim.clone());
+    let segment = create(Arc::clone(&storage), &dir(), 4, small_config()).unwrap();
+    segment.append(&records(3, "p")).unwrap();
+    let fenced = segment.fence().unwrap();
+    assert_eq!(fenced.durable_offset, 3);
+    assert!(segment.is_fenced());
+    assert_eq!(segment.append(&records(1, "x")), Err(AppendError::Sealed { end_offset: 3 }));
+    // A fill copied from another replica goes in, and the copy then seals where it ends.
+    let ticket = segment.stage_fill(&records(2, "f")).unwrap();
+    segment.wait_durable(ticket).unwrap();
+    assert_eq!(segment.fence().unwrap().durable_offset, 5, "fencing again changes nothing");
+    drop(segment);
+    sim.crash_now();
+    sim.restart();
+    let (reopened, _) =
+        Segment::open(Arc::clone(&storage), &dir(), 4, small_config(), &Committer::solo()).unwrap();
+    assert!(reopened.is_fenced(), "the fence is durable");
+    assert_eq!(reopened.append(&records(1, "x")), Err(AppendError::Sealed { end_offset: 5 }));
+    assert_eq!(reopened.seal().unwrap().end_offset, 5);
+    assert_eq!(read_all(&reopened).len(), 5);
+    // An unfenced segment is not reopened fenced.
+    let plain = create(Arc::clone(&storage), &dir(), 6, small_config()).unwrap();
+    plain.append(&records(1, "q")).unwrap();
+    drop(plain);
+    let (plain, _) = Segment::open(storage, &dir(), 6, small_config(), &Committer::solo()).unwrap();
+    assert!(!plain.is_fenced());
+    plain.append(&records(1, "r")).unwrap();
+}
+
+#[test]
 fn sealing_an_empty_segment_works() {
     let storage: Arc<dyn Storage> = Arc::new(SimStorage::new(3));
     let segment = create(Arc::clone(&storage), &dir(), 1, small_config()).unwrap();

@@ -1,0 +1,538 @@
+//! Replicated segments on the data plane: a segment's records on `n` brokers, acknowledged
+//! once `q = floor(n/2) + 1` of them fsynced them (design.md, invariant 3).
+//!
+//! The primary (the first replica) stages each batch in its own copy and ships it to the
+//! followers; [`malachi_cluster::replication::Primary`] decides what to ship and when a batch
+//! is acknowledged, and this module is its driver: batches go in as they are staged (under the
+//! head's lock, so in offset order, and inside the blocking call that stages them, so a
+//! producer that goes away never leaves a batch half registered), each follower's answer goes
+//! in as it arrives, and what the machine asks for is done at once: a span shipped by a task
+//! of its own, the quorum-durable end published to the produces waiting on it, `no_quorum`
+//! to those that cannot reach one (and a roll requested, so the range moves on).
+//!
+//! A follower appends what its primary ships in offset order, each batch through its own group
+//! commit, and answers its durable end; a batch that does not start where its copy ends is
+//! refused with that end, and the primary ships again from there. A sealed copy refuses every
+//! batch (`fenced`): that is how a failover's seal stops a primary that is still alive.
+//!
+//! Readers never see records past the quorum-durable end: the primary knows it, and a follower
+//! knows what its primary last told it (every shipped batch carries it).
+//!
+//! A primary replicates only a head it created in this process: after a restart it does not
+//! know what its followers hold (they may hold records its own crash lost), so it takes no
+//! appends there and asks for the head to be sealed by failover (`failover.rs`), which seals
+//! at the highest durable end a quorum of the replicas reports.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use malachi_cluster::replication::{Action, Primary, ReplicationConfig};
+use malachi_consensus::watch;
+use malachi_log::{AppendError, AppendTicket, Record, Segment};
+
+use crate::data::SegmentKey;
+use crate::error::LogError;
+use crate::node::Broker;
+use crate::remote::{self, Reader};
+
+/// How long a follower waits for the batches before one that arrived early (calls are handled
+/// concurrently) before it refuses it with its end.
+const GAP_WAIT_MS: u64 = 200;
+const GAP_POLL_MS: u64 = 5;
+/// How long after a failed ship a follower is tried again.
+const RETRY_MS: u64 = 200;
+/// Records in one span shipped from the file.
+const CATCH_UP_RECORDS_MAX: u64 = 4_096;
+/// Bytes in one span shipped from the file (about).
+const CATCH_UP_BYTES_MAX: u64 = 4 << 20;
+
+/// What the produces waiting on a head learn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Acked {
+    /// Records below this are durable on a quorum.
+    pub(crate) end: u64,
+    /// From this offset on, nothing will be acknowledged: `no_quorum`.
+    pub(crate) refused_from: Option<u64>,
+}
+
+/// The primary's side of one replicated head this broker created.
+pub(crate) struct Head {
+    key: SegmentKey,
+    state: Mutex<HeadState>,
+    acked: watch::Sender<Acked>,
+}
+
+struct HeadState {
+    machine: Primary,
+    /// Batches staged and not yet on every follower in reach, by first offset.
+    batches: BTreeMap<u64, Arc<[Record]>>,
+}
+
+impl Head {
+    fn lock(&self) -> MutexGuard<'_, HeadState> {
+        self.state.lock().expect("replicated head lock poisoned")
+    }
+
+    pub(crate) fn acked(&self) -> Acked {
+        *self.acked.borrow()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Acked> {
+        self.acked.subscribe()
+    }
+
+    /// Stages `records` in the primary's copy and registers them with the machine, in one step
+    /// under the head's lock: batches enter the machine in offset order.
+    fn stage(
+        &self,
+        segment: &Segment,
+        records: &[Record],
+        now_ms: u64,
+    ) -> Result<(AppendTicket, Vec<Action>), AppendError> {
+        let mut state = self.lock();
+        if !state.machine.writable() {
+            // No quorum was reached for an earlier batch: the head waits for its seal.
+            return Err(AppendError::Sealed { end_offset: state.machine.acked_end() });
+        }
+        let ticket = segment.stage(records)?;
+        let bytes = records.iter().map(Record::user_bytes).sum();
+        state.machine.staged(ticket.first_offset, ticket.end_offset, bytes, now_ms);
+        state.batches.insert(ticket.first_offset, Arc::from(records));
+        Ok((ticket, state.take()))
+    }
+
+    /// Feeds the machine one event and returns what it asks for.
+    fn step(&self, event: impl FnOnce(&mut Primary)) -> Vec<Action> {
+        let mut state = self.lock();
+        event(&mut state.machine);
+        state.take()
+    }
+
+    /// Records `[start, end)` if they are still held in memory (within one staged batch).
+    fn held(&self, start: u64, end: u64) -> Option<Vec<Record>> {
+        let state = self.lock();
+        let (&first, batch) = state.batches.range(..=start).next_back()?;
+        let last = first + batch.len() as u64;
+        (end <= last).then(|| batch[(start - first) as usize..(end - first) as usize].to_vec())
+    }
+}
+
+impl HeadState {
+    fn take(&mut self) -> Vec<Action> {
+        let held_from = self.machine.held_from();
+        // Batches wholly below what the machine still holds are on every follower in reach.
+        while let Some(entry) = self.batches.first_entry() {
+            if *entry.key() + entry.get().len() as u64 > held_from {
+                break;
+            }
+            entry.remove();
+        }
+        self.machine.take_actions()
+    }
+}
+
+/// A follower's copy of an active segment: what its primary last said is quorum-durable.
+#[derive(Debug, Default)]
+struct Copy {
+    visible_end: u64,
+}
+
+/// This broker's replicated heads and follower copies.
+#[derive(Default)]
+pub(crate) struct Replication {
+    heads: Mutex<BTreeMap<SegmentKey, Arc<Head>>>,
+    copies: Mutex<BTreeMap<SegmentKey, Copy>>,
+    /// Serialises the staging of one follower copy (check where it ends, then stage).
+    copy_gates: Mutex<BTreeMap<SegmentKey, Arc<Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Replication {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Replication").finish_non_exhaustive()
+    }
+}
+
+impl Replication {
+    pub(crate) fn head(&self, key: SegmentKey) -> Option<Arc<Head>> {
+        self.heads.lock().expect("heads lock poisoned").get(&key).cloned()
+    }
+
+    /// Forgets the heads and copies of segments that are no longer active.
+    pub(crate) fn forget(&self, key: SegmentKey) {
+        self.heads.lock().expect("heads lock poisoned").remove(&key);
+        self.copies.lock().expect("copies lock poisoned").remove(&key);
+        self.copy_gates.lock().expect("copy gates lock poisoned").remove(&key);
+    }
+
+    fn copy_gate(&self, key: SegmentKey) -> Arc<Mutex<()>> {
+        let mut gates = self.copy_gates.lock().expect("copy gates lock poisoned");
+        Arc::clone(gates.entry(key).or_default())
+    }
+
+    fn visible_end(&self, key: SegmentKey) -> u64 {
+        self.copies
+            .lock()
+            .expect("copies lock poisoned")
+            .get(&key)
+            .map_or(0, |copy| copy.visible_end)
+    }
+
+    fn saw_acked(&self, key: SegmentKey, end: u64) {
+        let mut copies = self.copies.lock().expect("copies lock poisoned");
+        let copy = copies.entry(key).or_default();
+        copy.visible_end = copy.visible_end.max(end);
+    }
+}
+
+/// A segment's replicas as this broker sees them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// One copy, here: no replication.
+    Alone,
+    /// This broker is the primary; these are the followers.
+    Primary { followers: Vec<u64> },
+    /// This broker holds a follower copy.
+    Follower { primary: u64 },
+    /// The copies are all elsewhere, the primary first.
+    Outside { replicas: Vec<u64> },
+}
+
+/// What a follower answers a shipped batch.
+enum Shipped {
+    /// Its copy is durable to this offset.
+    Durable(u64),
+    /// The batch did not start where its copy ends, which is durable to this offset.
+    Refused(u64),
+    /// Its copy is sealed.
+    Fenced,
+}
+
+const SHIPPED_DURABLE: u8 = 0;
+const SHIPPED_FENCED: u8 = 1;
+const SHIPPED_FAILED: u8 = 2;
+const SHIPPED_REFUSED: u8 = 3;
+
+impl Broker {
+    /// `key`'s replicas as this broker sees them; `None` once metadata no longer lists it.
+    pub(crate) fn role(&self, key: SegmentKey) -> Option<Role> {
+        let node_id = self.node_id;
+        self.read_meta(key.segment_id, |meta| {
+            let replicas = &meta.segment(key.segment_id)?.replicas;
+            Some(match replicas.iter().position(|&replica| replica == node_id) {
+                Some(_) if replicas.len() == 1 => Role::Alone,
+                Some(0) => Role::Primary { followers: replicas[1..].to_vec() },
+                Some(_) => Role::Follower { primary: replicas[0] },
+                None => Role::Outside { replicas: replicas.clone() },
+            })
+        })
+    }
+
+    /// `key`'s replicas, the primary first; `None` once metadata no longer lists it.
+    pub(crate) fn replicas(&self, key: SegmentKey) -> Option<Vec<u64>> {
+        self.read_meta(key.segment_id, |meta| {
+            meta.segment(key.segment_id).map(|segment| segment.replicas.clone())
+        })
+    }
+
+    fn replication_config(&self) -> ReplicationConfig {
+        ReplicationConfig {
+            quorum_wait_ms: self.config.cluster.replication_timeout_ms,
+            catch_up_records_max: CATCH_UP_RECORDS_MAX,
+            ..ReplicationConfig::default()
+        }
+    }
+
+    /// Called when this broker opened `key` and created its file: a head it is the primary
+    /// of starts replicating from offset 0.
+    pub(crate) fn created_copy(&self, key: SegmentKey) {
+        let Some(Role::Primary { followers }) = self.role(key) else { return };
+        let active = self.read_meta(key.segment_id, |meta| {
+            meta.segment(key.segment_id).is_some_and(|segment| segment.is_active())
+        });
+        if !active {
+            return;
+        }
+        let head = Arc::new(Head {
+            key,
+            state: Mutex::new(HeadState {
+                machine: Primary::new(&followers, 0, self.replication_config()),
+                batches: BTreeMap::new(),
+            }),
+            acked: watch::channel(Acked::default()).0,
+        });
+        self.replication.heads.lock().expect("heads lock poisoned").entry(key).or_insert(head);
+    }
+
+    /// Appends `records` to `segment`, a replicated head this broker is the primary of, and
+    /// returns once a quorum of its replicas has them durable. `Sealed` when the head takes no
+    /// appends here (sealed, being sealed, or not replicable by this process): the caller
+    /// re-routes after the roll this asks for.
+    pub(crate) async fn append_replicated(
+        &self,
+        key: SegmentKey,
+        segment: Arc<Segment>,
+        records: Vec<Record>,
+    ) -> Result<AppendTicket, ReplicatedAppendError> {
+        let Some(head) = self.replication.head(key) else {
+            // Restarted since it created the head: only failover may decide where it ends.
+            self.request_roll(key.topic_id, key.range_id);
+            return Err(ReplicatedAppendError::Append(AppendError::Sealed { end_offset: 0 }));
+        };
+        let broker = self.self_handle().expect("a serving broker is held by an Arc");
+        let now_ms = self.clock.now_ms();
+        let staging = Arc::clone(&head);
+        let ticket = self
+            .data
+            .run(move || {
+                let (ticket, actions) = staging.stage(&segment, &records, now_ms)?;
+                broker.execute(&staging, actions);
+                segment.wait_durable(ticket)?;
+                let durable = segment.durable_offset();
+                let actions = staging.step(|machine| machine.local_durable(durable));
+                broker.execute(&staging, actions);
+                Ok::<_, AppendError>(ticket)
+            })
+            .await
+            .map_err(ReplicatedAppendError::Append)?;
+        self.wait_acked(&head, ticket.end_offset).await?;
+        Ok(ticket)
+    }
+
+    /// Waits until a quorum acknowledged everything below `end`, ticking the machine so a batch
+    /// without a quorum is refused in bounded time.
+    async fn wait_acked(&self, head: &Arc<Head>, end: u64) -> Result<(), ReplicatedAppendError> {
+        let tick = Duration::from_millis((self.config.cluster.replication_timeout_ms / 4).max(10));
+        let mut acked = head.acked.subscribe();
+        loop {
+            let now = *acked.borrow_and_update();
+            if now.end >= end {
+                return Ok(());
+            }
+            if now.refused_from.is_some_and(|from| from < end) {
+                return Err(ReplicatedAppendError::NoQuorum);
+            }
+            if tokio::time::timeout(tick, acked.changed()).await.is_err() {
+                let now_ms = self.clock.now_ms();
+                let actions = head.step(|machine| machine.tick(now_ms));
+                if let Some(broker) = self.self_handle() {
+                    broker.execute(head, actions);
+                }
+            }
+        }
+    }
+
+    /// Does what the machine asked, at once and without waiting: spans go out on tasks of
+    /// their own.
+    fn execute(self: &Arc<Self>, head: &Arc<Head>, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Ship { follower, start, end } => {
+                    let broker = Arc::clone(self);
+                    let head = Arc::clone(head);
+                    tokio::spawn(async move { broker.ship(head, follower, start, end).await });
+                }
+                Action::Acked { end } => {
+                    head.acked.send_modify(|acked| acked.end = acked.end.max(end));
+                }
+                Action::NoQuorum { from } => {
+                    tracing::warn!(key = ?head.key, from, "no quorum of the replicas: the head \
+                        takes no more appends and is sealed");
+                    head.acked.send_modify(|acked| {
+                        acked.refused_from.get_or_insert(from);
+                    });
+                    self.request_roll(head.key.topic_id, head.key.range_id);
+                }
+            }
+        }
+    }
+
+    /// Ships records `[start, end)` of the head to `follower` and feeds its answer back.
+    async fn ship(self: Arc<Self>, head: Arc<Head>, follower: u64, start: u64, end: u64) {
+        let key = head.key;
+        let records = match head.held(start, end) {
+            Some(records) => records,
+            None => self.records_from_file(key, start, end).await,
+        };
+        let acked_end = head.acked().end;
+        let mut payload = remote::encode_key(key);
+        payload.extend_from_slice(&start.to_le_bytes());
+        payload.extend_from_slice(&acked_end.to_le_bytes());
+        remote::encode_records(&records, &mut payload);
+        let answer = self.data_call(follower, remote::CALL_REPLICATE, payload).await;
+        let actions = match answer.map(|answer| decode_shipped(&answer)) {
+            Ok(Ok(Shipped::Durable(durable))) => {
+                head.step(|machine| machine.follower_durable(follower, durable))
+            }
+            Ok(Ok(Shipped::Refused(durable))) => {
+                head.step(|machine| machine.follower_refused(follower, durable))
+            }
+            Ok(Ok(Shipped::Fenced)) => {
+                tracing::info!(?key, follower, "a follower's copy is sealed: the head is fenced");
+                head.step(Primary::fence)
+            }
+            Ok(Err(error)) | Err(error) => {
+                tracing::debug!(?key, follower, %error, "shipping to a follower failed");
+                let actions = head.step(|machine| machine.follower_unreachable(follower));
+                self.execute(&head, actions);
+                tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
+                head.step(|machine| machine.retry_follower(follower))
+            }
+        };
+        self.execute(&head, actions);
+    }
+
+    /// Records `[start, end)` of this broker's copy (durable ones; fewer if it holds fewer).
+    async fn records_from_file(&self, key: SegmentKey, start: u64, end: u64) -> Vec<Record> {
+        let Ok(segment) = self.segment(key).await else { return Vec::new() };
+        let wanted = u32::try_from(end - start).unwrap_or(u32::MAX);
+        match self.data.read(segment, start, wanted, CATCH_UP_BYTES_MAX).await {
+            Ok(batch) => batch.records.into_iter().map(|stored| stored.record).collect(),
+            Err(error) => {
+                tracing::warn!(?key, start, %error, "reading records to ship failed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// A batch the primary of `key` shipped to this broker's copy: appended in offset order,
+    /// answered with the copy's durable end once the batch is durable here.
+    pub(crate) async fn replicate_here(
+        &self,
+        source: u64,
+        key: SegmentKey,
+        reader: &mut Reader<'_>,
+    ) -> Result<Vec<u8>, String> {
+        let start = reader.u64()?;
+        let acked_end = reader.u64()?;
+        let records = remote::decode_records(reader)?;
+        let answer = match self.append_copy(source, key, start, records).await {
+            Ok(Shipped::Durable(durable)) => {
+                self.replication.saw_acked(key, acked_end.min(durable));
+                encode_shipped(SHIPPED_DURABLE, durable)
+            }
+            Ok(Shipped::Refused(durable)) => encode_shipped(SHIPPED_REFUSED, durable),
+            Ok(Shipped::Fenced) => vec![SHIPPED_FENCED],
+            Err(error) => {
+                let mut failed = vec![SHIPPED_FAILED, u8::from(error.is_retryable())];
+                failed.extend_from_slice(error.reason().as_bytes());
+                failed
+            }
+        };
+        Ok(answer)
+    }
+
+    async fn append_copy(
+        &self,
+        source: u64,
+        key: SegmentKey,
+        start: u64,
+        records: Vec<Record>,
+    ) -> Result<Shipped, LogError> {
+        match self.role(key) {
+            Some(Role::Follower { primary }) if primary == source => {}
+            Some(Role::Primary { .. } | Role::Alone) => {
+                return Err(LogError::NotOwner { holders: vec![self.node_id] });
+            }
+            Some(_) => return Err(LogError::NotOwner { holders: Vec::new() }),
+            None => return Err(LogError::NoSuchTopic),
+        }
+        let segment = self.segment(key).await?;
+        let end = start + records.len() as u64;
+        let gate = self.replication.copy_gate(key);
+        let mut waited_ms = 0;
+        let ticket = loop {
+            let (staging, gate, records) =
+                (Arc::clone(&segment), Arc::clone(&gate), records.clone());
+            let staged = self
+                .data
+                .run(move || {
+                    let _gate = gate.lock().expect("copy gate poisoned");
+                    stage_copy(&staging, start, &records)
+                })
+                .await;
+            match staged {
+                Err(AppendError::Sealed { .. }) => return Ok(Shipped::Fenced),
+                Err(error) => return Err(crate::data::DataError::Append(error).into()),
+                Ok(Some(ticket)) => break ticket,
+                Ok(None) if waited_ms < GAP_WAIT_MS => {
+                    // The batches before this one are still on their way: wait for them.
+                    tokio::time::sleep(Duration::from_millis(GAP_POLL_MS)).await;
+                    waited_ms += GAP_POLL_MS;
+                }
+                Ok(None) => return Ok(Shipped::Refused(segment.durable_offset())),
+            }
+        };
+        let waiting = Arc::clone(&segment);
+        self.data
+            .run(move || waiting.wait_durable(ticket))
+            .await
+            .map_err(|error| LogError::from(crate::data::DataError::Append(error)))?;
+        debug_assert!(segment.durable_offset() >= end.min(ticket.end_offset));
+        Ok(Shipped::Durable(segment.durable_offset()))
+    }
+
+    /// The quorum-durable end of active segment `key` as this broker knows it: the primary's
+    /// acknowledged end, what a follower's primary last told it; `None` when this broker
+    /// cannot tell (a primary restarted since it created the head).
+    pub(crate) fn visible_end(&self, key: SegmentKey) -> Option<u64> {
+        match self.role(key)? {
+            Role::Alone | Role::Outside { .. } => None,
+            Role::Primary { .. } => self.replication.head(key).map(|head| head.acked().end),
+            Role::Follower { .. } => Some(self.replication.visible_end(key)),
+        }
+    }
+}
+
+/// Stages `records` (shipped to start at `start`) in a follower's copy: the part it does not
+/// hold yet, if the batch starts at or before where the copy ends. `None`: a gap, the batches
+/// before it have not arrived.
+fn stage_copy(
+    segment: &Segment,
+    start: u64,
+    records: &[Record],
+) -> Result<Option<AppendTicket>, AppendError> {
+    let staged_end = segment.staged_end();
+    let end = start + records.len() as u64;
+    if start > staged_end {
+        return Ok(None);
+    }
+    if end <= staged_end {
+        // Already here (shipped again after a refusal or a lost answer): the same records,
+        // since only the primary writes them.
+        return Ok(Some(AppendTicket { first_offset: start, end_offset: end }));
+    }
+    let skip = (staged_end - start) as usize;
+    segment.stage(&records[skip..]).map(Some)
+}
+
+/// Why a replicated append was not acknowledged.
+#[derive(Debug)]
+pub(crate) enum ReplicatedAppendError {
+    Append(AppendError),
+    NoQuorum,
+}
+
+fn encode_shipped(status: u8, durable: u64) -> Vec<u8> {
+    let mut answer = vec![status];
+    answer.extend_from_slice(&durable.to_le_bytes());
+    answer
+}
+
+fn decode_shipped(answer: &[u8]) -> Result<Shipped, LogError> {
+    let malformed = || LogError::Unavailable("malformed replicate answer".to_string());
+    let durable = |body: &[u8]| -> Result<u64, LogError> {
+        let bytes: [u8; 8] = body.try_into().map_err(|_| malformed())?;
+        Ok(u64::from_le_bytes(bytes))
+    };
+    match answer.split_first() {
+        Some((&SHIPPED_DURABLE, body)) => Ok(Shipped::Durable(durable(body)?)),
+        Some((&SHIPPED_REFUSED, body)) => Ok(Shipped::Refused(durable(body)?)),
+        Some((&SHIPPED_FENCED, _)) => Ok(Shipped::Fenced),
+        Some((&SHIPPED_FAILED, [retryable, reason @ ..])) => Err(LogError::Remote {
+            reason: String::from_utf8_lossy(reason).into_owned(),
+            retryable: *retryable != 0,
+        }),
+        _ => Err(malformed()),
+    }
+}
