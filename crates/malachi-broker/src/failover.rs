@@ -300,6 +300,8 @@ impl Broker {
         end: u64,
     ) -> Result<u64, LogError> {
         let segment = self.segment(key).await?;
+        let gate = self.replication.fill_gate(key);
+        let _filling = gate.lock().await;
         loop {
             let from = segment.staged_end();
             if from >= end {

@@ -145,6 +145,9 @@ pub(crate) struct Replication {
     copies: Mutex<BTreeMap<SegmentKey, Copy>>,
     /// Serialises the staging of one follower copy (check where it ends, then stage).
     copy_gates: Mutex<BTreeMap<SegmentKey, Arc<Mutex<()>>>>,
+    /// Serialises the fills of one copy: two failovers of a segment at once (the primary's
+    /// and the coordinator's) must not both copy the same missing records into it.
+    fill_gates: Mutex<BTreeMap<SegmentKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for Replication {
@@ -163,6 +166,12 @@ impl Replication {
         self.heads.lock().expect("heads lock poisoned").remove(&key);
         self.copies.lock().expect("copies lock poisoned").remove(&key);
         self.copy_gates.lock().expect("copy gates lock poisoned").remove(&key);
+        self.fill_gates.lock().expect("fill gates lock poisoned").remove(&key);
+    }
+
+    pub(crate) fn fill_gate(&self, key: SegmentKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.fill_gates.lock().expect("fill gates lock poisoned");
+        Arc::clone(gates.entry(key).or_default())
     }
 
     fn copy_gate(&self, key: SegmentKey) -> Arc<Mutex<()>> {
