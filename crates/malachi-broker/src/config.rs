@@ -107,6 +107,20 @@ pub struct ClusterConfig {
     /// How long an append waits for a quorum of its segment's replicas before it is refused
     /// `no_quorum` (`MALACHI_REPLICATION_TIMEOUT_MS`, ours).
     pub replication_timeout_ms: u64,
+    /// How long a broker holding a replica of a sealed segment may be dead before healing
+    /// moves the replica to another broker (`MALACHI_REPLICA_REPLACE_AFTER_MS`, ours).
+    pub replica_replace_after_ms: u64,
+    /// The integrity scrub of sealed copies (`MALACHI_SCRUB_ENABLED`, `_INTERVAL_MS`,
+    /// `_SEGMENTS_PER_TICK`).
+    pub scrub: ScrubConfig,
+}
+
+/// How often each broker re-verifies the sealed copies it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScrubConfig {
+    pub enabled: bool,
+    pub interval_ms: u64,
+    pub segments_per_tick: u32,
 }
 
 impl ClusterConfig {
@@ -340,6 +354,12 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         replication_factor: replication_factor(sources)?,
         placement: placement_constraints(sources)?,
         replication_timeout_ms: sources.number("REPLICATION_TIMEOUT_MS", 5_000)?,
+        replica_replace_after_ms: sources.number("REPLICA_REPLACE_AFTER_MS", 60_000)?,
+        scrub: ScrubConfig {
+            enabled: sources.flag("SCRUB_ENABLED", true)?,
+            interval_ms: sources.number("SCRUB_INTERVAL_MS", 60_000)?,
+            segments_per_tick: sources.number("SCRUB_SEGMENTS_PER_TICK", 1)?,
+        },
         advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
         seeds,
     })

@@ -63,10 +63,9 @@ impl Broker {
         self.roll_heads_without_replication();
         self.report_load().await;
         for vnode in self.ring.iter() {
-            if self.observe_leadership(vnode).is_none() {
-                continue;
-            }
+            let Some(term) = self.observe_leadership(vnode) else { continue };
             self.roll_heads_of_dead_primaries(vnode);
+            self.heal_vnode(vnode, term).await;
             let now_ms = self.clock.now_ms();
             let policies = self.policy_definitions();
             let decisions = vnode.group.read(|meta| {

@@ -515,6 +515,16 @@ impl DataPlane {
     }
 
     /// The data file of a segment.
+    /// Re-reads this node's file of `key` and checks every frame (read-only: it repairs
+    /// nothing); `Damaged` when it cannot be read as a segment at all.
+    pub async fn verify(&self, key: SegmentKey) -> Result<malachi_log::VerifyReport, DataError> {
+        let storage = Arc::clone(&self.storage);
+        let dir = self.range_dir(key.topic_id, key.range_id);
+        self.run(move || malachi_log::verify_segment(&*storage, &dir, key.segment_id))
+            .await
+            .map_err(|error| DataError::Damaged { key, detail: error.to_string() })
+    }
+
     pub fn segment_path(&self, key: SegmentKey) -> PathBuf {
         segment_paths(&self.range_dir(key.topic_id, key.range_id), key.segment_id).0
     }

@@ -185,7 +185,9 @@ impl Broker {
     async fn probe_copies(&self, key: SegmentKey, replicas: &[u64]) -> Vec<u64> {
         let probes = replicas.iter().map(|&node| async move {
             let answered = if node == self.node_id {
-                self.local_end(key).await.is_ok()
+                // Its own copy's durable end, not what readers may see: a restarted
+                // primary's copy counts although it refuses readers.
+                self.active_durable_end(key).await.is_ok()
             } else {
                 let payload = remote::encode_key(key);
                 self.data_call_within(node, remote::CALL_END, payload, PROBE_TIMEOUT_MS)

@@ -396,12 +396,28 @@ impl Broker {
         wanted: u32,
         bytes_max: u64,
     ) -> Result<Option<Vec<Record>>, LogError> {
-        let Some(replicas) = self.replicas(key) else { return Ok(None) };
+        let Some((replicas, settled_on)) = self.read_meta(key.segment_id, |meta| {
+            let segment = meta.segment(key.segment_id)?;
+            Some((segment.replicas.clone(), segment.settled_on.clone()))
+        }) else {
+            return Ok(None);
+        };
         let sealed = matches!(self.listed(key), Some(Listed::Sealed { .. }));
         let mut last_error = None;
-        for copy in read_order(self.node_id, &replicas, sealed) {
+        for copy in read_order(self.node_id, &replicas, &settled_on, sealed) {
             let outcome = if copy == self.node_id {
-                self.read_copy(key, from, wanted, bytes_max).await
+                let read = self.read_copy(key, from, wanted, bytes_max).await;
+                if sealed
+                    && settled_on.contains(&copy)
+                    && matches!(&read, Err(error) if error.reason() == "storage_damaged")
+                {
+                    // Damage found by a read: this copy leaves the read path, healing
+                    // rebuilds it.
+                    if let Some(broker) = self.self_handle() {
+                        tokio::spawn(async move { broker.unsettle_here(key).await });
+                    }
+                }
+                read
             } else {
                 match self.remote_read(copy, key, (from, wanted, bytes_max)).await {
                     Ok(Remote::Done(records)) => Ok(Some(records)),
@@ -470,7 +486,7 @@ impl Broker {
     pub(crate) async fn segment_end(&self, key: SegmentKey) -> Result<Option<HeadEnd>, LogError> {
         let Some(replicas) = self.replicas(key) else { return Ok(None) };
         let mut last_error = None;
-        for copy in read_order(self.node_id, &replicas, false) {
+        for copy in read_order(self.node_id, &replicas, &[], false) {
             let outcome = if copy == self.node_id {
                 self.local_end(key).await
             } else {
@@ -492,29 +508,30 @@ impl Broker {
 
     /// Where this broker's copy of active segment `key` ends for readers.
     pub(crate) async fn local_end(&self, key: SegmentKey) -> Result<Option<HeadEnd>, LogError> {
-        match self.active_durable_end(key).await {
-            Ok(durable) => {
-                let sealed =
-                    self.data.peek(key).is_some_and(|segment| segment.status().sealed.is_some());
-                let offset = match self.role(key) {
-                    Some(Role::Primary { .. }) | Some(Role::Follower { .. }) => {
-                        match self.visible_end(key) {
-                            Some(visible) => visible.min(durable),
-                            None => {
-                                // A primary that restarted since it created the head does not
-                                // know what a quorum holds: failover seals the head first.
-                                self.request_roll(key.topic_id, key.range_id);
-                                return Err(LogError::Migrating);
-                            }
-                        }
-                    }
-                    _ => durable,
-                };
-                Ok(Some(HeadEnd { offset, sealed }))
-            }
-            Err(DataError::Gone(_)) => Ok(None),
-            Err(error) => Err(error.into()),
-        }
+        let durable = match self.active_durable_end(key).await {
+            Ok(durable) => durable,
+            Err(DataError::Gone(_)) => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        let sealed = self.data.peek(key).is_some_and(|segment| segment.status().sealed.is_some());
+        let offset = match self.role(key) {
+            Some(Role::Follower { .. }) => self.replication.visible_end(key).min(durable),
+            Some(Role::Primary { .. }) => match self.replication.head(key) {
+                Some(head) => head.acked().end.min(durable),
+                // A primary that restarted since it created the head does not know what a
+                // quorum holds: failover seals the head first (found in CI: a reader that met
+                // a head sealed a moment ago, or created a moment ago, was told `migrating`).
+                None if self.replication.is_recovered(key) => {
+                    self.request_roll(key.topic_id, key.range_id);
+                    return Err(LogError::Migrating);
+                }
+                // Sealed here by a seal a quorum holds (its state is dropped only then), or
+                // created a moment ago and empty.
+                None => durable,
+            },
+            _ => durable,
+        };
+        Ok(Some(HeadEnd { offset, sealed }))
     }
 
     fn segment_spans(&self, topic_id: u64, range_id: u32) -> Vec<SegmentSpan> {
@@ -532,18 +549,21 @@ impl Broker {
 }
 
 /// The copies of a segment (`replicas`, the primary first) a read tries, in order: of a
-/// sealed segment this broker's own copy first, then the others in turn; of an active one
-/// only the primary's, the one copy that knows what a quorum holds (a follower knows only
-/// what its primary last told it, which may lag what was acknowledged: reading there could
-/// miss acknowledged records, and an active head with no primary to answer is sealed by
-/// failover soon).
-fn read_order(node_id: u64, replicas: &[u64], sealed: bool) -> Vec<u64> {
+/// sealed segment the settled copies first (this broker's own first), then the others (a copy
+/// not settled yet holds what it holds; a short or damaged one passes the read on); of an
+/// active one only the primary's, the one copy that knows what a quorum holds (a follower
+/// knows only what its primary last told it, which may lag what was acknowledged: reading
+/// there could miss acknowledged records, and an active head with no primary to answer is
+/// sealed by failover soon).
+fn read_order(node_id: u64, replicas: &[u64], settled_on: &[u64], sealed: bool) -> Vec<u64> {
     if !sealed {
         return replicas.first().copied().into_iter().collect();
     }
-    let mine = replicas.contains(&node_id).then_some(node_id);
-    let mut order: Vec<u64> = mine.into_iter().collect();
-    for &copy in replicas {
+    let mut order: Vec<u64> = Vec::with_capacity(replicas.len());
+    let settled = |copy: &u64| settled_on.contains(copy);
+    let mine = replicas.iter().filter(|&&copy| copy == node_id);
+    let ranked = mine.clone().filter(|c| settled(c)).chain(replicas.iter().filter(|c| settled(c)));
+    for &copy in ranked.chain(mine).chain(replicas) {
         if !order.contains(&copy) {
             order.push(copy);
         }
@@ -554,4 +574,33 @@ fn read_order(node_id: u64, replicas: &[u64], sealed: bool) -> Vec<u64> {
 /// Records left in a span from `offset` to `end`, as a read limit.
 fn span_records(offset: u64, end: u64) -> u32 {
     u32::try_from(end.saturating_sub(offset)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod read_order_tests {
+    use super::read_order;
+
+    /// This broker, the replicas, the settled copies, sealed, the order a read tries.
+    type Case<'a> = (u64, &'a [u64], &'a [u64], bool, &'a [u64]);
+
+    #[test]
+    fn reads_prefer_settled_copies_and_active_heads_their_primary() {
+        let cases: &[Case] = &[
+            (2, &[1, 2, 3], &[], false, &[1]),
+            (2, &[1, 2, 3], &[1, 2, 3], false, &[1]),
+            (2, &[1, 2, 3], &[1, 2, 3], true, &[2, 1, 3]),
+            (2, &[1, 2, 3], &[1, 3], true, &[1, 3, 2]),
+            (4, &[1, 2, 3], &[3], true, &[3, 1, 2]),
+            (4, &[1, 2, 3], &[], true, &[1, 2, 3]),
+            (3, &[1, 2, 3], &[], true, &[3, 1, 2]),
+            (1, &[1], &[], true, &[1]),
+        ];
+        for &(me, replicas, settled, sealed, expected) in cases {
+            assert_eq!(
+                read_order(me, replicas, settled, sealed),
+                expected,
+                "me {me}, replicas {replicas:?}, settled {settled:?}, sealed {sealed}"
+            );
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub mod frontier;
 pub mod gossip;
 pub mod groups;
 mod heads;
+mod heal;
 pub mod load;
 pub mod machines;
 pub mod maintenance;

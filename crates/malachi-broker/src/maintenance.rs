@@ -28,6 +28,7 @@ impl Broker {
                 }
                 broker.reconcile_seats().await;
                 broker.coordinate_once().await;
+                broker.scrub_once().await;
                 let now_ms = broker.clock.now_ms();
                 broker.members.lock().expect("members lock poisoned").prune(now_ms);
                 if now_ms >= last_reclaim_ms + broker.config.retention_interval_ms {

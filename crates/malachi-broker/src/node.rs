@@ -148,6 +148,11 @@ pub struct Broker {
     pub(crate) statuses: Mutex<crate::gossip::MemberStatuses>,
     /// The replicated heads this broker is the primary of, and its follower copies.
     pub(crate) replication: crate::replica::Replication,
+    /// Where the healer of each vnode this broker leads stopped (the last segment id).
+    pub(crate) heal_cursors: Mutex<std::collections::BTreeMap<u32, u64>>,
+    /// When the scrubber last ran, and the last segment id it verified.
+    pub(crate) last_scrub_ms: Mutex<u64>,
+    pub(crate) scrub_cursor: Mutex<u64>,
     /// This broker, for background tasks it starts.
     pub(crate) me: std::sync::Weak<Broker>,
 }
@@ -280,6 +285,9 @@ impl Broker {
             leadership_moved_ms: Mutex::new(Default::default()),
             statuses: Mutex::new(Default::default()),
             replication: Default::default(),
+            heal_cursors: Mutex::new(Default::default()),
+            last_scrub_ms: Mutex::new(0),
+            scrub_cursor: Mutex::new(0),
         });
         Ok(broker)
     }

@@ -195,6 +195,7 @@ impl Broker {
             crate::failover::CALL_FENCE..=crate::failover::CALL_READ_RAW => {
                 return self.handle_seal_call(request.kind, key, &mut reader).await;
             }
+            crate::heal::CALL_SETTLE => return self.handle_settle_call(key, &mut reader).await,
             _ => {}
         }
         let mut answer = vec![DONE];

@@ -23,7 +23,7 @@
 //! appends there and asks for the head to be sealed by failover (`failover.rs`), which seals
 //! at the highest durable end a quorum of the replicas reports.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use malachi_cluster::replication::{Action, Primary, ReplicationConfig};
 use malachi_consensus::watch;
 use malachi_log::{AppendError, AppendTicket, Record, Segment};
 
-use crate::data::SegmentKey;
+use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
 use crate::node::Broker;
 use crate::remote::{self, Reader};
@@ -148,6 +148,9 @@ pub(crate) struct Replication {
     /// Serialises the fills of one copy: two failovers of a segment at once (the primary's
     /// and the coordinator's) must not both copy the same missing records into it.
     fill_gates: Mutex<BTreeMap<SegmentKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Active heads this broker is the primary of whose file an earlier process wrote: it
+    /// does not know what a quorum of them holds, so only failover may decide where they end.
+    recovered: Mutex<BTreeSet<SegmentKey>>,
 }
 
 impl std::fmt::Debug for Replication {
@@ -167,6 +170,12 @@ impl Replication {
         self.copies.lock().expect("copies lock poisoned").remove(&key);
         self.copy_gates.lock().expect("copy gates lock poisoned").remove(&key);
         self.fill_gates.lock().expect("fill gates lock poisoned").remove(&key);
+        self.recovered.lock().expect("recovered lock poisoned").remove(&key);
+    }
+
+    /// Whether `key` is a head an earlier process of this broker was the primary of.
+    pub(crate) fn is_recovered(&self, key: SegmentKey) -> bool {
+        self.recovered.lock().expect("recovered lock poisoned").contains(&key)
     }
 
     pub(crate) fn fill_gate(&self, key: SegmentKey) -> Arc<tokio::sync::Mutex<()>> {
@@ -179,7 +188,7 @@ impl Replication {
         Arc::clone(gates.entry(key).or_default())
     }
 
-    fn visible_end(&self, key: SegmentKey) -> u64 {
+    pub(crate) fn visible_end(&self, key: SegmentKey) -> u64 {
         self.copies
             .lock()
             .expect("copies lock poisoned")
@@ -249,6 +258,17 @@ impl Broker {
             quorum_wait_ms: self.config.cluster.replication_timeout_ms,
             catch_up_records_max: CATCH_UP_RECORDS_MAX,
             ..ReplicationConfig::default()
+        }
+    }
+
+    /// Called when this broker opened `key`'s file that an earlier process wrote: a head it
+    /// is the primary of is marked recovered (only failover may seal it).
+    pub(crate) fn recovered_copy(&self, key: SegmentKey) {
+        if matches!(self.role(key), Some(Role::Primary { .. }))
+            && matches!(self.listed(key), Some(Listed::ActiveCreated | Listed::ActiveUnborn))
+            && self.replication.head(key).is_none()
+        {
+            self.replication.recovered.lock().expect("recovered lock poisoned").insert(key);
         }
     }
 

@@ -30,6 +30,8 @@ impl Broker {
         let opened = self.data.open(key, || self.listed(key)).await?;
         if opened.created {
             self.created_copy(key);
+        } else if opened.fresh {
+            self.recovered_copy(key);
         }
         if opened.report_created {
             self.report_created(vec![key.segment_id]).await;
@@ -51,6 +53,8 @@ impl Broker {
             let opened = self.data.open(key, || self.listed(key)).await?;
             if opened.created {
                 self.created_copy(key);
+            } else if opened.fresh {
+                self.recovered_copy(key);
             }
             if opened.report_created {
                 created.push(key.segment_id);

@@ -83,6 +83,23 @@ pub enum MetaCommand {
     ClaimArc {
         arc: crate::ring::VnodeArc,
     },
+    /// The copies of sealed segment `segment_id` on `nodes` are settled (`settled`: sealed at
+    /// the recorded length, intact), or are not any more (a check found them damaged, short or
+    /// missing). Nodes that hold no replica, and segments gone or still active, are ignored.
+    CopiesSettled {
+        segment_id: u64,
+        nodes: Vec<u64>,
+        settled: bool,
+    },
+    /// Healing: the replica of sealed segment `segment_id` on `old` (dead too long, or its copy
+    /// lost) moves to `new`, in the same place of the replica set; `new`'s copy is rebuilt from
+    /// a settled one and reported settled afterwards. Refused unless the segment is sealed,
+    /// `old` holds a replica, `new` does not, and a settled copy remains elsewhere.
+    ReplaceReplica {
+        segment_id: u64,
+        old: u64,
+        new: u64,
+    },
     /// A command the vnode's coordinator decided (roll, split, merge, expiry), with the term it
     /// was decided in: refused when a coordinator already acted in a later term (see
     /// `MetaError::StaleCoordinator`).
@@ -101,6 +118,7 @@ impl MetaCommand {
                 | MetaCommand::SplitRange(_)
                 | MetaCommand::MergeRanges(_)
                 | MetaCommand::ExpireSegments { .. }
+                | MetaCommand::ReplaceReplica { .. }
         )
     }
 }
@@ -224,4 +242,9 @@ pub enum MetaResponse {
     ArcClaimed {
         already: bool,
     },
+    /// Copies whose settled state changed.
+    CopiesRecorded {
+        changed: u64,
+    },
+    ReplicaReplaced,
 }

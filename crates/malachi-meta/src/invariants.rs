@@ -47,6 +47,15 @@ impl MetaState {
         for segment_id in self.segments.keys().chain(self.pending_reclaim.keys()) {
             check(*segment_id < self.next_segment_id, || format!("segment id {segment_id}"))?;
         }
+        for segment in self.segments.values() {
+            let id = segment.segment_id;
+            let sorted = segment.settled_on.windows(2).all(|pair| pair[0] < pair[1]);
+            check(sorted, || format!("segment {id}: settled copies out of order"))?;
+            let held = segment.settled_on.iter().all(|node| segment.replicas.contains(node));
+            check(held, || format!("segment {id}: a settled copy holds no replica"))?;
+            let sealed = !segment.is_active() || segment.settled_on.is_empty();
+            check(sealed, || format!("segment {id}: an active segment has settled copies"))?;
+        }
         let reclaimed_and_retained =
             self.pending_reclaim.keys().find(|segment_id| self.segments.contains_key(segment_id));
         check(reclaimed_and_retained.is_none(), || "a reclaimed segment is retained".into())?;

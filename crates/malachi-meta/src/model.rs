@@ -138,6 +138,11 @@ pub struct Segment {
     /// the data plane); afterwards it is damage.
     #[serde(default)]
     pub created_on: Vec<u64>,
+    /// Replicas whose copy of this sealed segment is settled, sorted: sealed at the recorded
+    /// length with the recorded bytes, and intact when last checked. Readers prefer them;
+    /// healing rebuilds the copies of the others from them. Empty while active.
+    #[serde(default)]
+    pub settled_on: Vec<u64>,
     /// Records in this range before this segment's offset 0: offsets are per segment, this
     /// numbers records across the whole range (and so across retention).
     pub range_base_records: u64,

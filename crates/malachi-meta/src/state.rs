@@ -121,6 +121,12 @@ impl MetaState {
                 self.segment_files_created(node_id, &segment_ids)
             }
             MetaCommand::ClaimArc { arc } => self.claim_arc(arc),
+            MetaCommand::CopiesSettled { segment_id, nodes, settled } => {
+                Ok(self.copies_settled(segment_id, &nodes, settled))
+            }
+            MetaCommand::ReplaceReplica { segment_id, old, new } => {
+                self.replace_replica(segment_id, old, new)
+            }
             MetaCommand::Coordinated { term, command } => self.coordinated(term, *command),
         }
     }
@@ -276,6 +282,7 @@ impl MetaState {
             created_ms: now_ms,
             replicas,
             created_on: Vec::new(),
+            settled_on: Vec::new(),
             range_base_records,
         };
         let previous = self.segments.insert(segment_id, segment);

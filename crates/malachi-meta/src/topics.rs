@@ -191,6 +191,66 @@ impl MetaState {
     }
 }
 
+impl MetaState {
+    pub(crate) fn copies_settled(
+        &mut self,
+        segment_id: u64,
+        nodes: &[u64],
+        settled: bool,
+    ) -> MetaResponse {
+        let mut changed = 0;
+        let Some(segment) = self.segments.get_mut(&segment_id) else {
+            return MetaResponse::CopiesRecorded { changed };
+        };
+        if segment.is_active() {
+            return MetaResponse::CopiesRecorded { changed };
+        }
+        for &node in nodes.iter().filter(|node| segment.replicas.contains(node)) {
+            match (segment.settled_on.binary_search(&node), settled) {
+                (Err(at), true) => segment.settled_on.insert(at, node),
+                (Ok(at), false) => {
+                    segment.settled_on.remove(at);
+                }
+                _ => continue,
+            }
+            changed += 1;
+        }
+        MetaResponse::CopiesRecorded { changed }
+    }
+
+    pub(crate) fn replace_replica(
+        &mut self,
+        segment_id: u64,
+        old: u64,
+        new: u64,
+    ) -> Result<MetaResponse, MetaError> {
+        let invalid =
+            |detail: String| MetaError::from(crate::RangeError::InvalidReplicas { detail });
+        let segment = self
+            .segments
+            .get_mut(&segment_id)
+            .ok_or_else(|| invalid(format!("segment {segment_id} is not retained")))?;
+        if segment.is_active() {
+            return Err(invalid(format!("segment {segment_id} is active")));
+        }
+        let at = segment
+            .replicas
+            .iter()
+            .position(|&node| node == old)
+            .ok_or_else(|| invalid(format!("node {old} holds no replica of {segment_id}")))?;
+        if segment.replicas.contains(&new) {
+            return Err(invalid(format!("node {new} holds a replica of {segment_id} already")));
+        }
+        if !segment.settled_on.iter().any(|&node| node != old) {
+            return Err(invalid(format!("no settled copy of {segment_id} would remain")));
+        }
+        segment.replicas[at] = new;
+        segment.settled_on.retain(|&node| node != old);
+        segment.created_on.retain(|&node| node != old);
+        Ok(MetaResponse::ReplicaReplaced)
+    }
+}
+
 pub(crate) fn validate_segment_roll(roll: &SegmentRoll) -> Result<(), TopicError> {
     if roll.max_bytes.is_some_and(|bytes| bytes < MIN_SEGMENT_MAX_BYTES) {
         let detail = format!("max_bytes below {MIN_SEGMENT_MAX_BYTES}");

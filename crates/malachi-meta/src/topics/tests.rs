@@ -6,7 +6,7 @@ use crate::keyspace::key_point;
 use crate::limits::MetaLimits;
 use crate::limits::Quota;
 use crate::model::SegmentState;
-use crate::testkit::{NOW_MS, apply_ok, assert_refused, create, with_topic};
+use crate::testkit::{NOW_MS, apply_ok, assert_refused, create, roll, with_topic};
 
 fn create_with(
     name: &str,
@@ -266,4 +266,73 @@ fn a_fenced_delete_needs_every_head_sealed() {
     let deleted = apply_ok(&mut state, delete(reversed));
     assert!(matches!(deleted, MetaResponse::TopicDeleted { .. }), "{deleted:?}");
     assert_refused(&mut state, delete(Vec::new()), "no_such_topic");
+}
+
+/// A topic whose first segment has replicas 1, 2 and 3 and was rolled (sealed at 5 records);
+/// returns the sealed segment's id.
+fn with_sealed_replicated_segment() -> (MetaState, u64) {
+    let mut create = create("orders", None);
+    if let MetaCommand::CreateTopic(create) = &mut create {
+        create.replicas = vec![1, 2, 3];
+    }
+    let mut state = MetaState::default();
+    let MetaResponse::TopicCreated { topic_id, ranges } = apply_ok(&mut state, create) else {
+        panic!("create answered something else");
+    };
+    let rolled = roll(&state, topic_id, 0, 5, NOW_MS + 1);
+    apply_ok(&mut state, rolled);
+    (state, ranges[0].1)
+}
+
+#[test]
+fn settled_copies_are_recorded_for_replicas_of_sealed_segments_only() {
+    let (mut state, sealed) = with_sealed_replicated_segment();
+    let head = state.segments.keys().copied().max().unwrap();
+    let settle = |segment_id, nodes: &[u64], settled| MetaCommand::CopiesSettled {
+        segment_id,
+        nodes: nodes.to_vec(),
+        settled,
+    };
+    // (command, copies changed, settled copies after)
+    let cases: Vec<(MetaCommand, u64, Vec<u64>)> = vec![
+        (settle(sealed, &[3, 1], true), 2, vec![1, 3]),
+        (settle(sealed, &[1], true), 0, vec![1, 3]),
+        (settle(sealed, &[7], true), 0, vec![1, 3]),
+        (settle(sealed, &[3], false), 1, vec![1]),
+        (settle(999, &[2], true), 0, vec![1]),
+        (settle(head, &[1], true), 0, vec![1]),
+    ];
+    for (command, changed, after) in cases {
+        let response = apply_ok(&mut state, command.clone());
+        assert_eq!(response, MetaResponse::CopiesRecorded { changed }, "{command:?}");
+        assert_eq!(state.segment(sealed).unwrap().settled_on, after, "{command:?}");
+    }
+    assert!(state.segment(head).unwrap().settled_on.is_empty());
+}
+
+#[test]
+fn a_replica_moves_only_off_a_sealed_segment_with_a_settled_copy_left() {
+    let (mut state, sealed) = with_sealed_replicated_segment();
+    let head = state.segments.keys().copied().max().unwrap();
+    let replace = |segment_id, old, new| MetaCommand::ReplaceReplica { segment_id, old, new };
+    assert_refused(&mut state, replace(sealed, 2, 4), "invalid_replicas");
+    let settle = MetaCommand::CopiesSettled { segment_id: sealed, nodes: vec![2], settled: true };
+    apply_ok(&mut state, settle);
+    let refusals = [
+        (replace(sealed, 2, 4), "the only settled copy would go"),
+        (replace(sealed, 9, 4), "9 holds no replica"),
+        (replace(sealed, 1, 3), "3 holds one already"),
+        (replace(head, 1, 4), "the head is active"),
+        (replace(999, 1, 4), "no such segment"),
+    ];
+    for (command, why) in refusals {
+        let before = state.clone();
+        assert!(state.apply(command).is_err(), "{why}");
+        assert_eq!(state, before, "{why}");
+    }
+    assert_eq!(apply_ok(&mut state, replace(sealed, 1, 4)), MetaResponse::ReplicaReplaced);
+    let segment = state.segment(sealed).unwrap();
+    assert_eq!(segment.replicas, vec![4, 2, 3], "the new replica takes the old one's place");
+    assert_eq!(segment.settled_on, vec![2], "the new copy is not settled until it says so");
+    assert!(!segment.created_on.contains(&1));
 }

@@ -1,0 +1,381 @@
+//! Healing and scrubbing: every replica of a sealed segment ends up holding a settled copy,
+//! the same bytes as every other, and a copy that rots is rebuilt from one that did not.
+//!
+//! Metadata records which replicas hold a *settled* copy (`Segment::settled_on`: sealed at the
+//! recorded length with the recorded bytes, every frame intact when last checked). On the
+//! vnode's leader, every maintenance tick, the healer walks the sealed replicated segments
+//! that have an unsettled replica (a bounded number per tick, round-robin) and asks each such
+//! replica to *settle* its copy: the replica checks it (sealed at the recorded end, the
+//! recorded bytes, every frame verified) and, when it is short, longer, unsealed, damaged or
+//! missing, rebuilds it from a settled copy: the first records are fetched from a settled
+//! replica before anything local is deleted (a local copy goes only once a peer has shown it
+//! holds an intact one), then the copy is written afresh, sealed, and compared with the
+//! recorded length and bytes. The replicas that settled are recorded in one command.
+//!
+//! A replica on a broker dead longer than `MALACHI_REPLICA_REPLACE_AFTER_MS` moves to a live
+//! broker that holds none (rendezvous hashing over the live brokers), in the same place of the
+//! replica set; its copy is rebuilt there on the next ticks. A settled copy must remain.
+//!
+//! The scrubber, on every broker, re-verifies a few of the settled copies it holds every
+//! `MALACHI_SCRUB_INTERVAL_MS`; a copy that fails is recorded as unsettled (readers pass over
+//! it and the healer rebuilds it), never deleted by the scrub itself.
+
+use malachi_log::SealInfo;
+use malachi_meta::MetaCommand;
+use malachi_meta::placement::{self, Candidate, Constraints};
+
+use crate::data::{Listed, SegmentKey};
+use crate::error::LogError;
+use crate::gossip::PeerStatus;
+use crate::node::Broker;
+use crate::remote::{self, Reader};
+use crate::vnodes::Vnode;
+
+/// Data call: settle this broker's copy (check it; rebuild it from the sources if it fails).
+pub const CALL_SETTLE: u8 = 11;
+
+/// Sealed segments the healer looks at per vnode and tick.
+const HEAL_SEGMENTS_PER_TICK: usize = 16;
+/// How long a settle may take (a rebuild copies a whole segment).
+const SETTLE_TIMEOUT_MS: u64 = 120_000;
+/// Records copied per read of a rebuild.
+const REBUILD_RECORDS_MAX: u32 = 4_096;
+
+/// A sealed segment the healer works on.
+#[derive(Clone, Debug)]
+struct Unsettled {
+    key: SegmentKey,
+    seal: SealInfo,
+    replicas: Vec<u64>,
+    settled_on: Vec<u64>,
+}
+
+impl Broker {
+    /// One healing pass over `vnode`, which this broker leads in `term`.
+    pub(crate) async fn heal_vnode(&self, vnode: &Vnode, term: u64) {
+        for segment in self.unsettled_segments(vnode) {
+            self.heal_segment(term, &segment).await;
+        }
+    }
+
+    /// The next sealed replicated segments of `vnode` with a replica whose copy is not settled,
+    /// after the last one looked at.
+    fn unsettled_segments(&self, vnode: &Vnode) -> Vec<Unsettled> {
+        let after = self.heal_cursor(vnode.vnode_id());
+        let found: Vec<Unsettled> = vnode.group.read(|meta| {
+            let unsettled = meta
+                .0
+                .topics()
+                .flat_map(|topic| topic.ranges.values().flat_map(|range| range.segment_ids.iter()));
+            let mut found: Vec<Unsettled> = unsettled
+                .filter_map(|&segment_id| {
+                    let segment = meta.0.segment(segment_id)?;
+                    let (end_offset, data_bytes) = segment.sealed_length()?;
+                    let whole = segment.replicas.iter().all(|r| segment.settled_on.contains(r));
+                    (segment.replicas.len() > 1 && !whole).then(|| Unsettled {
+                        key: SegmentKey {
+                            topic_id: segment.topic_id,
+                            range_id: segment.range_id,
+                            segment_id,
+                        },
+                        seal: SealInfo { end_offset, data_bytes },
+                        replicas: segment.replicas.clone(),
+                        settled_on: segment.settled_on.clone(),
+                    })
+                })
+                .collect();
+            found.sort_by_key(|segment| segment.key.segment_id);
+            found
+        });
+        let (later, earlier): (Vec<Unsettled>, Vec<Unsettled>) =
+            found.into_iter().partition(|segment| segment.key.segment_id > after);
+        let next: Vec<Unsettled> =
+            later.into_iter().chain(earlier).take(HEAL_SEGMENTS_PER_TICK).collect();
+        if let Some(last) = next.last() {
+            self.set_heal_cursor(vnode.vnode_id(), last.key.segment_id);
+        }
+        next
+    }
+
+    fn heal_cursor(&self, vnode_id: u32) -> u64 {
+        let cursors = self.heal_cursors.lock().expect("heal cursors lock poisoned");
+        cursors.get(&vnode_id).copied().unwrap_or(0)
+    }
+
+    fn set_heal_cursor(&self, vnode_id: u32, segment_id: u64) {
+        let mut cursors = self.heal_cursors.lock().expect("heal cursors lock poisoned");
+        cursors.insert(vnode_id, segment_id);
+    }
+
+    /// Settles, or moves, every unsettled replica of `segment`.
+    async fn heal_segment(&self, term: u64, segment: &Unsettled) {
+        let key = segment.key;
+        let replace_after_ms = self.config.cluster.replica_replace_after_ms;
+        let mut settled = Vec::new();
+        for &replica in segment.replicas.iter().filter(|r| !segment.settled_on.contains(r)) {
+            if self.member_status(replica) == PeerStatus::Dead {
+                if self.dead_for_ms(replica) >= replace_after_ms {
+                    self.replace_replica(term, segment, replica).await;
+                }
+                continue;
+            }
+            match self.settle_copy(replica, key, segment.seal, &segment.settled_on).await {
+                Ok(true) => settled.push(replica),
+                Ok(false) => {
+                    tracing::debug!(?key, replica, "a copy is not settled yet (no source)");
+                }
+                Err(error) => tracing::warn!(?key, replica, %error, "settling a copy failed"),
+            }
+        }
+        if settled.is_empty() {
+            return;
+        }
+        let command = MetaCommand::CopiesSettled {
+            segment_id: key.segment_id,
+            nodes: settled.clone(),
+            settled: true,
+        };
+        match self.propose_meta(key.segment_id, command).await {
+            Ok(_) => tracing::info!(?key, ?settled, "copies settled"),
+            Err(error) => tracing::warn!(?key, %error, "recording settled copies failed"),
+        }
+    }
+
+    /// Moves `segment`'s replica off `dead` to a live broker holding none.
+    async fn replace_replica(&self, term: u64, segment: &Unsettled, dead: u64) {
+        let key = segment.key;
+        let live: Vec<Candidate> = self
+            .cluster_view()
+            .brokers
+            .into_iter()
+            .filter(|broker| {
+                let node = broker.record.node_id;
+                broker.status == PeerStatus::Alive
+                    && self.takes_new_work(node)
+                    && !segment.replicas.contains(&node)
+            })
+            .map(|broker| Candidate {
+                broker_id: broker.record.node_id,
+                attributes: broker.record.attributes,
+            })
+            .collect();
+        let object = key.segment_id.to_le_bytes();
+        let Ok(chosen) = placement::place(&object, 1, &live, &[], &Constraints::default()) else {
+            tracing::debug!(?key, dead, "no live broker to move a replica to");
+            return;
+        };
+        let new = chosen.brokers[0];
+        let command = MetaCommand::ReplaceReplica { segment_id: key.segment_id, old: dead, new };
+        match self.propose_in_term(term, key.topic_id, command).await {
+            Ok(_) => tracing::info!(?key, dead, new, "replica moved off a dead broker"),
+            Err(error) => tracing::warn!(?key, dead, new, %error, "moving a replica failed"),
+        }
+    }
+
+    /// Asks `replica` to settle its copy of `key` (here if it is this broker).
+    async fn settle_copy(
+        &self,
+        replica: u64,
+        key: SegmentKey,
+        seal: SealInfo,
+        sources: &[u64],
+    ) -> Result<bool, LogError> {
+        let sources: Vec<u64> = sources.iter().copied().filter(|&s| s != replica).collect();
+        if replica == self.node_id {
+            return self.settle_here(key, seal, &sources).await;
+        }
+        let mut payload = remote::encode_key(key);
+        payload.extend_from_slice(&seal.end_offset.to_le_bytes());
+        payload.extend_from_slice(&seal.data_bytes.to_le_bytes());
+        payload.push(u8::try_from(sources.len()).unwrap_or(u8::MAX));
+        for source in sources.iter().take(usize::from(u8::MAX)) {
+            payload.extend_from_slice(&source.to_le_bytes());
+        }
+        let answer =
+            self.data_call_within(replica, CALL_SETTLE, payload, SETTLE_TIMEOUT_MS).await?;
+        match remote::decode_answer(&answer, |body| Reader(body).u8())? {
+            remote::Remote::Done(settled) => Ok(settled != 0),
+            remote::Remote::FencedOrGone => Err(LogError::NoSuchTopic),
+        }
+    }
+
+    /// Answers `CALL_SETTLE`.
+    pub(crate) async fn handle_settle_call(
+        &self,
+        key: SegmentKey,
+        reader: &mut Reader<'_>,
+    ) -> Result<Vec<u8>, String> {
+        let seal = SealInfo { end_offset: reader.u64()?, data_bytes: reader.u64()? };
+        let count = reader.u8()?;
+        let sources = (0..count).map(|_| reader.u64()).collect::<Result<Vec<u64>, String>>()?;
+        Ok(match self.settle_here(key, seal, &sources).await {
+            Ok(settled) => vec![remote::DONE, u8::from(settled)],
+            Err(error) => remote::encode_failure(&error),
+        })
+    }
+
+    /// Settles this broker's copy of sealed segment `key`: `true` once it is sealed at `seal`
+    /// and intact, checked or rebuilt from one of `sources`; `false` when it is not and no
+    /// source could give its records.
+    pub(crate) async fn settle_here(
+        &self,
+        key: SegmentKey,
+        seal: SealInfo,
+        sources: &[u64],
+    ) -> Result<bool, LogError> {
+        if !matches!(self.listed(key), Some(Listed::Sealed { .. })) {
+            return Err(LogError::NoSuchTopic);
+        }
+        let gate = self.replication.fill_gate(key);
+        let _settling = gate.lock().await;
+        if self.copy_is_settled(key, seal).await {
+            return Ok(true);
+        }
+        for &source in sources {
+            match self.rebuild_copy(key, seal, source).await {
+                Ok(()) => return Ok(true),
+                Err(error) => {
+                    tracing::warn!(?key, source, %error, "rebuilding a copy from a source failed");
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether this broker's copy of `key` is sealed at `seal` and every frame of it verifies.
+    pub(crate) async fn copy_is_settled(&self, key: SegmentKey, seal: SealInfo) -> bool {
+        let Ok(segment) = self.segment(key).await else { return false };
+        let status = segment.status();
+        if status.sealed != Some(seal) || status.damage.is_some() || status.poisoned.is_some() {
+            return false;
+        }
+        match self.data.verify(key).await {
+            Ok(report) => {
+                report.bad_frames.is_empty()
+                    && report.records == seal.end_offset
+                    && report.sealed == Some(seal)
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Writes this broker's copy of `key` afresh from `source`'s. The first records come
+    /// from the source before the local copy is deleted.
+    async fn rebuild_copy(
+        &self,
+        key: SegmentKey,
+        seal: SealInfo,
+        source: u64,
+    ) -> Result<(), LogError> {
+        let first_wanted =
+            u32::try_from(seal.end_offset).unwrap_or(u32::MAX).min(REBUILD_RECORDS_MAX);
+        let mut next = self.read_raw(source, key, 0, first_wanted).await?;
+        if seal.end_offset > 0 && next.is_empty() {
+            return Err(LogError::Unavailable(format!(
+                "broker {source} gave no records of {key:?}"
+            )));
+        }
+        tracing::info!(?key, source, end = seal.end_offset, "rebuilding a copy");
+        self.data.remove(key).await?;
+        let opened = self.data.open(key, || Some(Listed::ActiveUnborn)).await?;
+        let segment = opened.segment;
+        let mut copied = 0;
+        while copied < seal.end_offset {
+            if next.is_empty() {
+                let wanted = u32::try_from(seal.end_offset - copied)
+                    .unwrap_or(u32::MAX)
+                    .min(REBUILD_RECORDS_MAX);
+                next = self.read_raw(source, key, copied, wanted).await?;
+                if next.is_empty() {
+                    return Err(self.abandon(key, "the source stopped giving records").await);
+                }
+            }
+            let batch = std::mem::take(&mut next);
+            copied += batch.len() as u64;
+            let writing = std::sync::Arc::clone(&segment);
+            self.data
+                .run(move || {
+                    let ticket = writing.stage(&batch)?;
+                    writing.wait_durable(ticket)
+                })
+                .await
+                .map_err(|error| LogError::from(crate::data::DataError::Append(error)))?;
+        }
+        let sealed = self.data.seal(std::sync::Arc::clone(&segment)).await;
+        match sealed {
+            Ok(info) if info == seal => Ok(()),
+            Ok(info) => Err(self.abandon(key, &format!("rebuilt as {info:?}, not {seal:?}")).await),
+            Err(error) => Err(self.abandon(key, &error.to_string()).await),
+        }
+    }
+
+    /// Drops a rebuild that went wrong (its copy is not settled, and the next pass starts over).
+    async fn abandon(&self, key: SegmentKey, why: &str) -> LogError {
+        self.data.forget(key);
+        LogError::Storage {
+            reason: "storage_damaged",
+            detail: format!("rebuilding {key:?}: {why}"),
+        }
+    }
+
+    /// One scrub pass, on every broker: re-verifies the next settled copies this broker holds
+    /// and records the ones that fail as unsettled.
+    pub(crate) async fn scrub_once(&self) {
+        let scrub = self.config.cluster.scrub;
+        let now_ms = self.clock.now_ms();
+        {
+            let mut last = self.last_scrub_ms.lock().expect("scrub lock poisoned");
+            if !scrub.enabled || now_ms < *last + scrub.interval_ms {
+                return;
+            }
+            *last = now_ms;
+        }
+        let mine: Vec<(SegmentKey, SealInfo)> = self.read_every_meta(|meta| {
+            meta.topics()
+                .flat_map(|topic| topic.ranges.values().flat_map(|range| range.segment_ids.iter()))
+                .filter_map(|&segment_id| {
+                    let segment = meta.segment(segment_id)?;
+                    let (end_offset, data_bytes) = segment.sealed_length()?;
+                    segment.settled_on.contains(&self.node_id).then_some((
+                        SegmentKey {
+                            topic_id: segment.topic_id,
+                            range_id: segment.range_id,
+                            segment_id,
+                        },
+                        SealInfo { end_offset, data_bytes },
+                    ))
+                })
+                .collect()
+        });
+        let after = *self.scrub_cursor.lock().expect("scrub lock poisoned");
+        let mut next: Vec<(SegmentKey, SealInfo)> =
+            mine.iter().filter(|(key, _)| key.segment_id > after).copied().collect();
+        next.sort_by_key(|(key, _)| key.segment_id);
+        if next.is_empty() {
+            next = mine;
+            next.sort_by_key(|(key, _)| key.segment_id);
+        }
+        for (key, seal) in next.into_iter().take(scrub.segments_per_tick as usize) {
+            *self.scrub_cursor.lock().expect("scrub lock poisoned") = key.segment_id;
+            if self.copy_is_settled(key, seal).await {
+                continue;
+            }
+            tracing::warn!(?key, "the scrub found a damaged copy: it leaves the read path");
+            self.unsettle_here(key).await;
+        }
+    }
+
+    /// Records that this broker's copy of `key` is not settled any more (damaged): readers
+    /// pass over it and the healer rebuilds it.
+    pub(crate) async fn unsettle_here(&self, key: SegmentKey) {
+        self.data.forget(key);
+        let command = MetaCommand::CopiesSettled {
+            segment_id: key.segment_id,
+            nodes: vec![self.node_id],
+            settled: false,
+        };
+        if let Err(error) = self.propose_meta(key.segment_id, command).await {
+            tracing::warn!(?key, %error, "recording a damaged copy failed");
+        }
+    }
+}
