@@ -353,20 +353,27 @@ impl DataPlane {
 
     /// `(durable_offset, durable_bytes)` of a segment that is open or closed cleanly; no I/O.
     pub fn durable_end(&self, key: SegmentKey) -> Option<(u64, u64)> {
+        self.durable_state(key).map(|state| (state.durable_offset, state.durable_bytes))
+    }
+
+    /// Where a segment that is open, or closed cleanly, ends and whether it is sealed (what a
+    /// clean close would record now); no I/O, and nothing opened.
+    pub fn durable_state(&self, key: SegmentKey) -> Option<CleanClose> {
         // The segment's own lock may be held across a seal's fsync: never wait for it while
         // holding the map's.
         let segment = {
             let open = self.lock_open();
             match open.handles.get(&key) {
                 Some(handle) => Arc::clone(&handle.segment),
-                None => {
-                    let clean = open.closed.get(&key)?;
-                    return Some((clean.durable_offset, clean.durable_bytes));
-                }
+                None => return open.closed.get(&key).copied(),
             }
         };
         let status = segment.status();
-        Some((status.durable_offset, status.durable_bytes))
+        Some(CleanClose {
+            durable_offset: status.durable_offset,
+            durable_bytes: status.durable_bytes,
+            sealed: status.sealed.is_some(),
+        })
     }
 
     /// The handle if the segment is open now; no I/O.

@@ -9,6 +9,7 @@ mod coordinate;
 pub mod coordinator;
 pub mod cursor;
 pub mod data;
+pub mod describe;
 pub mod error;
 mod failover;
 pub mod fetch;

@@ -51,7 +51,7 @@ const CREATE_WAIT_MS: u64 = 2_000;
 const DATA_CALL_TIMEOUT_MS: u64 = 30_000;
 
 pub(crate) const DONE: u8 = 0;
-const FENCED_OR_GONE: u8 = 1;
+pub(crate) const FENCED_OR_GONE: u8 = 1;
 const FAILED: u8 = 2;
 
 /// What a forwarded leaf operation came to.
@@ -196,6 +196,7 @@ impl Broker {
                 return self.handle_seal_call(request.kind, key, &mut reader).await;
             }
             crate::heal::CALL_SETTLE => return self.handle_settle_call(key, &mut reader).await,
+            crate::describe::CALL_COPY_STATE => return Ok(self.handle_copy_state_call(key).await),
             _ => {}
         }
         let mut answer = vec![DONE];

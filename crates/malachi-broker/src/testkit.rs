@@ -70,6 +70,10 @@ impl TopicBuilder {
         }
     }
 
+    pub fn state(&self) -> &MetaState {
+        &self.state
+    }
+
     pub fn topic(&self) -> Topic {
         self.state.topic(self.topic_id).expect("topic").clone()
     }

@@ -510,6 +510,15 @@ impl Client {
         Ok(call!(self, DescribeTopic(DescribeTopicRequest { topic: Some(text(topic)) })))
     }
 
+    /// Key 72: each segment with its replica set, and what each copy's broker reports of it.
+    pub async fn describe_segments(
+        &self,
+        topic: &str,
+    ) -> Result<DescribeSegmentsResponse, ClientError> {
+        let request = DescribeSegmentsRequest { topic: Some(text(topic)) };
+        Ok(call!(self, DescribeSegments(request)))
+    }
+
     /// Key 66 (admin).
     pub async fn delete_topic(&self, topic: &str) -> Result<(), ClientError> {
         call!(self, DeleteTopic(DeleteTopicRequest { topic: Some(text(topic)) }));

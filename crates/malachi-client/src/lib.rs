@@ -1,5 +1,5 @@
 //! An async client for Malachi's binary protocol (`shared/spec/wire-protocol.md`, plus our keys
-//! 64–71 of `docs/protocol.md`), over the shared codec of `malachi-wire`.
+//! 64–72 of `docs/protocol.md`), over the shared codec of `malachi-wire`.
 //!
 //! What this crate owns: one TCP connection per [`Client`], many requests in flight on it at
 //! once (a writer task, a reader task, and a map from `corr` to the waiting call), login on
@@ -47,8 +47,9 @@ pub use tls::TlsOptions;
 
 /// The wire types the client's methods take and return.
 pub use malachi_wire::messages::{
-    ClusterBroker, ClusterGroup, ClusterStateResponse, ClusterStatusResponse,
-    DescribeTopicResponse, EffectiveField, NamedPolicy, Origin, RangeDescription, RangeState,
-    Resolution, TopicPolicyResponse,
+    ClusterBroker, ClusterGroup, ClusterStateResponse, ClusterStatusResponse, CopyDescription,
+    DescribeSegmentsResponse, DescribeTopicResponse, EffectiveField, NamedPolicy, Origin,
+    RangeDescription, RangeState, Resolution, SegmentDescription, SegmentState,
+    TopicPolicyResponse,
 };
 pub use malachi_wire::{Header, PolicyField, PolicyValue, Reason, Record, Request, Response};

@@ -186,6 +186,41 @@ async fn frames_for_unknown_corrs_are_dropped() {
 }
 
 #[tokio::test]
+async fn describe_segments_asks_for_the_topic_and_returns_the_answer() {
+    let copy = CopyDescription {
+        node_id: 2,
+        settled: false,
+        answered: true,
+        durable_offset: 4,
+        sealed: false,
+    };
+    let head = SegmentDescription {
+        range_id: 0,
+        segment_id: 5,
+        base_records: 10,
+        state: SegmentState::Active,
+        end_offset: 0,
+        data_bytes: 0,
+        copies: vec![copy],
+    };
+    let answer = DescribeSegmentsResponse { topic: Some(bytes("orders")), segments: vec![head] };
+    let served = answer.clone();
+    let server = FakeServer::start(move |mut connection: FakeConnection| {
+        let served = served.clone();
+        async move {
+            connection.accept_login().await;
+            let frame = connection.recv().await.expect("a describe_segments");
+            let asked = DescribeSegmentsRequest { topic: Some(bytes("orders")) };
+            assert_eq!(frame.request, Request::DescribeSegments(asked));
+            connection.reply(frame.corr, Response::DescribeSegments(served)).await;
+        }
+    })
+    .await;
+    let client = Client::connect(config(&server)).await.expect("connects");
+    assert_eq!(client.describe_segments("orders").await.expect("answered"), answer);
+}
+
+#[tokio::test]
 async fn a_closed_connection_fails_every_call() {
     let server = FakeServer::start(|mut connection: FakeConnection| async move {
         connection.accept_login().await;

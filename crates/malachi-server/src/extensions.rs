@@ -1,12 +1,16 @@
-//! Malachi's own keys 64-71 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
-//! and create with an initial range count. The original protocol has no keys for these.
+//! Malachi's own keys 64-72 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
+//! create with an initial range count, the cluster's status, removing a broker, and each
+//! segment's copies. The original protocol has no keys for these.
 
+use malachi_broker::describe;
 use malachi_meta::Operation;
+use malachi_wire::limits::ENVELOPE_BYTES;
 use malachi_wire::messages::{
-    ClusterBroker, ClusterGroup, ClusterStatusResponse, DescribeTopicResponse, Empty,
-    ListTopicsResponse, MergeRangesResponse, RangeDescription, RangeState, SplitRangeResponse,
+    ClusterBroker, ClusterGroup, ClusterStatusResponse, CopyDescription, DescribeSegmentsResponse,
+    DescribeTopicResponse, Empty, ListTopicsResponse, MergeRangesResponse, RangeDescription,
+    RangeState, SegmentDescription, SegmentState, SplitRangeResponse,
 };
-use malachi_wire::{Reason, Request, Response};
+use malachi_wire::{Reason, Request, Response, Wire};
 
 use crate::connection::{Connection, Outcome};
 use crate::convert::{text, text_bytes};
@@ -15,6 +19,9 @@ pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Requ
     let outcome = match request {
         Request::ListTopics(_) => Ok(list_topics(connection)),
         Request::DescribeTopic(request) => describe(connection, text(&request.topic)).await,
+        Request::DescribeSegments(request) => {
+            describe_segments(connection, text(&request.topic)).await
+        }
         Request::DeleteTopic(request) => {
             let topic = text(&request.topic).unwrap_or_default();
             connection
@@ -115,13 +122,19 @@ fn list_topics(connection: &Connection) -> Response {
     Response::ListTopics(ListTopicsResponse { topics })
 }
 
-async fn describe(connection: &Connection, topic: Option<String>) -> Result<Response, String> {
+/// The topic a describe names, if the session may produce to or consume from it.
+fn describable(connection: &Connection, topic: Option<String>) -> Result<String, String> {
     let topic = topic.ok_or_else(|| Reason::NoSuchTopic.as_str().to_string())?;
     if !connection.permitted(Operation::Consume, &topic)
         && !connection.permitted(Operation::Produce, &topic)
     {
         return Err(Reason::PermissionDenied.as_str().to_string());
     }
+    Ok(topic)
+}
+
+async fn describe(connection: &Connection, topic: Option<String>) -> Result<Response, String> {
+    let topic = describable(connection, topic)?;
     let info = connection.broker.describe_topic(&topic).await.map_err(|error| error.reason())?;
     let ranges = info
         .ranges
@@ -147,6 +160,69 @@ async fn describe(connection: &Connection, topic: Option<String>) -> Result<Resp
     }))
 }
 
+/// Each segment of the topic with its copies, the first ones only if they would not all fit in
+/// one frame.
+async fn describe_segments(
+    connection: &Connection,
+    topic: Option<String>,
+) -> Result<Response, String> {
+    let topic = describable(connection, topic)?;
+    let described = connection.broker.describe_segments(&topic).await;
+    let described = described.map_err(|error| error.reason())?;
+    // The envelope, the topic and the list's count come before the segments.
+    let mut answer = DescribeSegmentsResponse { topic: text_bytes(&topic), segments: Vec::new() };
+    let empty_bytes = answer.encode_to_bytes().map_or(usize::MAX, |bytes| bytes.len());
+    let frame_bytes_max = connection.broker.config().max_frame_bytes as usize;
+    let room_bytes = frame_bytes_max.saturating_sub(ENVELOPE_BYTES).saturating_sub(empty_bytes);
+    answer.segments = first_fitting(described.iter().map(segment_to_wire).collect(), room_bytes);
+    Ok(Response::DescribeSegments(answer))
+}
+
+/// The first of `segments` whose encodings fit in `room_bytes` together.
+fn first_fitting(
+    mut segments: Vec<SegmentDescription>,
+    room_bytes: usize,
+) -> Vec<SegmentDescription> {
+    let mut used_bytes = 0;
+    let fitting = segments
+        .iter()
+        .take_while(|segment| {
+            used_bytes += segment_wire_bytes(segment);
+            used_bytes <= room_bytes
+        })
+        .count();
+    segments.truncate(fitting);
+    segments
+}
+
+fn segment_to_wire(segment: &describe::SegmentDescription) -> SegmentDescription {
+    let copies = segment
+        .copies
+        .iter()
+        .map(|copy| CopyDescription {
+            node_id: copy.node_id,
+            settled: copy.settled,
+            answered: copy.state.is_some(),
+            durable_offset: copy.state.map_or(0, |state| state.durable_offset),
+            sealed: copy.state.is_some_and(|state| state.sealed),
+        })
+        .collect();
+    SegmentDescription {
+        range_id: segment.range_id,
+        segment_id: segment.segment_id,
+        base_records: segment.base_records,
+        state: if segment.seal.is_some() { SegmentState::Sealed } else { SegmentState::Active },
+        end_offset: segment.seal.map_or(0, |seal| seal.end_offset),
+        data_bytes: segment.seal.map_or(0, |seal| seal.data_bytes),
+        copies,
+    }
+}
+
+/// The bytes `segment` takes on the wire.
+fn segment_wire_bytes(segment: &SegmentDescription) -> usize {
+    SegmentDescription::WIRE_BYTES_MIN + segment.copies.len() * CopyDescription::WIRE_BYTES_MIN
+}
+
 async fn create(
     connection: &Connection,
     topic: Option<String>,
@@ -163,4 +239,42 @@ async fn create(
         .await
         .map(|_| Response::CreateTopicRanges(Empty))
         .map_err(|error| error.reason())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(segment_id: u64, copies: usize) -> SegmentDescription {
+        SegmentDescription {
+            range_id: 0,
+            segment_id,
+            base_records: 0,
+            state: SegmentState::Active,
+            end_offset: 0,
+            data_bytes: 0,
+            copies: vec![CopyDescription::default(); copies],
+        }
+    }
+
+    #[test]
+    fn a_segments_wire_bytes_are_its_encoding() {
+        for copies in [0, 1, 3, 7] {
+            let encoded = segment(1, copies).encode_to_bytes().expect("encodes");
+            assert_eq!(segment_wire_bytes(&segment(1, copies)), encoded.len(), "{copies} copies");
+        }
+    }
+
+    #[test]
+    fn segments_beyond_the_frame_are_left_off() {
+        // Three segments of 3 copies, 96 bytes each. (room_bytes, segment ids kept)
+        let cases: &[(usize, &[u64])] =
+            &[(1_000, &[1, 2, 3]), (288, &[1, 2, 3]), (287, &[1, 2]), (96, &[1]), (95, &[])];
+        for (room_bytes, kept) in cases {
+            let segments = (1..=3).map(|segment_id| segment(segment_id, 3)).collect();
+            let fitting = first_fitting(segments, *room_bytes);
+            let ids: Vec<u64> = fitting.iter().map(|segment| segment.segment_id).collect();
+            assert_eq!(ids, *kept, "{room_bytes} bytes");
+        }
+    }
 }

@@ -6,8 +6,8 @@ mod harness;
 use bytes::Bytes;
 use harness::{WireClient, auth, reason, start, text};
 use malachi_wire::messages::{
-    AclRequest, CreateTopicRequest, FetchRequest, ProduceRequest, StreamAckRequest,
-    SubscribeRequest,
+    AclRequest, CopyDescription, CreateTopicRequest, DescribeSegmentsRequest, FetchRequest,
+    ProduceRequest, SegmentState, StreamAckRequest, SubscribeRequest,
 };
 use malachi_wire::{Expect, Record, Request, Response, ResponseBody};
 use proptest::prelude::*;
@@ -123,6 +123,70 @@ async fn permissions_and_acls_are_enforced() {
     ));
     let list_users = Request::ListUsers(malachi_wire::messages::IgnoredPayload);
     assert_eq!(reason(&consumer.call(list_users).await.unwrap()), "permission_denied");
+}
+
+fn describe_segments(topic: &str) -> Request {
+    Request::DescribeSegments(DescribeSegmentsRequest { topic: text(topic) })
+}
+
+fn described(frame: &malachi_wire::ResponseFrame) -> &[malachi_wire::messages::SegmentDescription] {
+    match &frame.body {
+        ResponseBody::Ok(Response::DescribeSegments(answer)) => &answer.segments,
+        other => panic!("expected segments, got {other:?}"),
+    }
+}
+
+/// Key 72 asks what describe_topic asks (produce or consume on the topic) and shows the one
+/// copy of a broker alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_segments_needs_a_grant_and_shows_each_copy() {
+    let server = start(&[("ACL_STRICT", "true")]).await;
+    let mut consumer = WireClient::login(server.address, "consumer", "consumer123").await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    admin.call(create("orders")).await.unwrap();
+    admin.call(produce("orders", &["a", "b", "c"])).await.unwrap();
+    let refused = consumer.call(describe_segments("orders")).await.unwrap();
+    assert_eq!(reason(&refused), "permission_denied");
+    let grant = Request::GrantAcl(AclRequest {
+        username: text("consumer"),
+        operation: text("consume"),
+        pattern: text("orders"),
+    });
+    assert!(matches!(admin.call(grant).await.unwrap().body, ResponseBody::Ok(_)));
+    let answer = consumer.call(describe_segments("orders")).await.unwrap();
+    let [head] = described(&answer) else { panic!("one segment: {answer:?}") };
+    assert_eq!((head.range_id, head.base_records, head.state), (0, 0, SegmentState::Active));
+    let copy = CopyDescription {
+        node_id: 1,
+        settled: false,
+        answered: true,
+        durable_offset: 3,
+        sealed: false,
+    };
+    assert_eq!(head.copies, [copy]);
+    let absent = admin.call(describe_segments("absent")).await.unwrap();
+    assert_eq!(reason(&absent), "no_such_topic");
+}
+
+/// An answer holds only the segments that fit in one frame, the first ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn describe_segments_is_cut_to_the_frame() {
+    let server = start(&[("MAX_FRAME_SIZE", "1024"), ("AUTO_SPLIT_ENABLED", "false")]).await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    admin.call(create("many")).await.unwrap();
+    let topic_id = server.broker.describe_topic("many").await.unwrap().topic_id;
+    for _ in 0..20 {
+        admin.call(produce("many", &["r"])).await.unwrap();
+        server.broker.roll(topic_id, 0).await.unwrap();
+    }
+    let all = server.broker.describe_segments("many").await.unwrap();
+    assert_eq!(all.len(), 21);
+    // 1024 bytes less the envelope (6), the topic (9) and the count (4) hold 17 segments of
+    // one copy (58 bytes each).
+    let answer = admin.call(describe_segments("many")).await.unwrap();
+    let ids: Vec<u64> = described(&answer).iter().map(|segment| segment.segment_id).collect();
+    let first: Vec<u64> = all.iter().take(17).map(|segment| segment.segment_id).collect();
+    assert_eq!(ids, first);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -191,6 +191,9 @@ pub(crate) fn arb_request_for(key: ApiKey) -> BoxedStrategy<Request> {
                 Request::RemoveBroker(RemoveBrokerRequest { node_id, force })
             })
             .boxed(),
+        ApiKey::DescribeSegments => opt_str()
+            .prop_map(|topic| Request::DescribeSegments(DescribeSegmentsRequest { topic }))
+            .boxed(),
     }
 }
 
@@ -327,6 +330,9 @@ pub(crate) fn arb_response_for(key: ApiKey) -> BoxedStrategy<Response> {
         ApiKey::CreateTopicRanges => Just(Response::CreateTopicRanges(Empty)).boxed(),
         ApiKey::ClusterStatus => arb_cluster_status().prop_map(Response::ClusterStatus).boxed(),
         ApiKey::RemoveBroker => Just(Response::RemoveBroker(Empty)).boxed(),
+        ApiKey::DescribeSegments => {
+            arb_describe_segments().prop_map(Response::DescribeSegments).boxed()
+        }
         ApiKey::StreamAck | ApiKey::Append | ApiKey::ConsumeAck => {
             unreachable!("{key} has no ok reply; callers filter with has_reply")
         }
@@ -480,6 +486,36 @@ fn arb_describe_topic() -> impl Strategy<Value = DescribeTopicResponse> {
             ranges,
         },
     )
+}
+
+fn arb_describe_segments() -> impl Strategy<Value = DescribeSegmentsResponse> {
+    let copy = (any::<u64>(), any::<bool>(), any::<bool>(), any::<u64>(), any::<bool>()).prop_map(
+        |(node_id, settled, answered, durable_offset, sealed)| CopyDescription {
+            node_id,
+            settled,
+            answered,
+            durable_offset,
+            sealed,
+        },
+    );
+    let state = select(vec![SegmentState::Active, SegmentState::Sealed]);
+    let place = (any::<u32>(), any::<u64>(), any::<u64>());
+    let seal = (state, any::<u64>(), any::<u64>());
+    let segment = (place, seal, vec(copy, 0..4)).prop_map(
+        |((range_id, segment_id, base_records), (state, end_offset, data_bytes), copies)| {
+            SegmentDescription {
+                range_id,
+                segment_id,
+                base_records,
+                state,
+                end_offset,
+                data_bytes,
+                copies,
+            }
+        },
+    );
+    (opt_str(), vec(segment, 0..3))
+        .prop_map(|(topic, segments)| DescribeSegmentsResponse { topic, segments })
 }
 
 fn arb_route_segment() -> impl Strategy<Value = RouteSegment> + Clone {

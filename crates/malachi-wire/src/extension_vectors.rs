@@ -1,4 +1,4 @@
-//! Golden vectors for Malachi's own keys 64–71, one request and one ok answer each, in the
+//! Golden vectors for Malachi's own keys 64–72, one request and one ok answer each, in the
 //! notation of section 6 (`docs/protocol.md` repeats them). Computed by a small independent
 //! Python encoder written from the layouts in `docs/protocol.md`; they pin the bytes so the
 //! server, the client and the document cannot drift apart.
@@ -73,6 +73,39 @@ fn described() -> DescribeTopicResponse {
         policy: Some(Bytes::from_static(b"short")),
         ranges,
     }
+}
+
+/// Range 0 of a three-replica topic: segment 3 sealed at 10 records, settled on brokers 1 and 2
+/// while broker 3 does not answer; segment 5 its active head, primary 2, broker 1 a record
+/// behind.
+fn segments_described() -> DescribeSegmentsResponse {
+    let copy = |node_id, settled, answered, durable_offset, sealed| CopyDescription {
+        node_id,
+        settled,
+        answered,
+        durable_offset,
+        sealed,
+    };
+    let silent = |node_id| copy(node_id, false, false, 0, false);
+    let sealed = SegmentDescription {
+        range_id: 0,
+        segment_id: 3,
+        base_records: 0,
+        state: SegmentState::Sealed,
+        end_offset: 10,
+        data_bytes: 420,
+        copies: vec![copy(1, true, true, 10, true), copy(2, true, true, 10, true), silent(3)],
+    };
+    let head = SegmentDescription {
+        range_id: 0,
+        segment_id: 5,
+        base_records: 10,
+        state: SegmentState::Active,
+        end_offset: 0,
+        data_bytes: 0,
+        copies: vec![copy(2, false, true, 4, false), silent(3), copy(1, false, true, 3, false)],
+    };
+    DescribeSegmentsResponse { topic: orders(), segments: vec![sealed, head] }
 }
 
 fn vectors() -> Vec<(&'static str, &'static str, Golden)> {
@@ -191,6 +224,24 @@ fn vectors() -> Vec<(&'static str, &'static str, Golden)> {
         ),
         ("E15 remove_broker ok", "00000006 0000001b 0000", ok(27, Response::RemoveBroker(Empty))),
         (
+            "E16 describe_segments request",
+            "00000011 0048 0000001c 01 00000006 6f7264657273",
+            request(28, Request::DescribeSegments(DescribeSegmentsRequest { topic: orders() })),
+        ),
+        (
+            "E17 describe_segments ok",
+            "000000d5 0000001c 0000 01 00000006 6f7264657273 00000002
+             00000000 0000000000000003 0000000000000000 01 000000000000000a 00000000000001a4
+             0003 0000000000000001 01 01 000000000000000a 01
+             0000000000000002 01 01 000000000000000a 01
+             0000000000000003 00 00 0000000000000000 00
+             00000000 0000000000000005 000000000000000a 00 0000000000000000 0000000000000000
+             0003 0000000000000002 00 01 0000000000000004 00
+             0000000000000003 00 00 0000000000000000 00
+             0000000000000001 00 01 0000000000000003 00",
+            ok(28, Response::DescribeSegments(segments_described())),
+        ),
+        (
             "E13 split_range refused",
             "00000016 00000017 0001 01 0000000b 6e6f745f62756464696573",
             Golden::Response(
@@ -255,9 +306,18 @@ fn extension_payloads_are_exact() {
             malformed(ApiKey::CreateTopicRanges, 4, DecodeError::InvalidStrFlag { flag: 2 }),
         ),
         (
-            "key 72 is unknown",
+            "describe_segments without its topic",
             "0048 00000005",
-            RequestError::UnknownApiKey { api_key: 72, corr: 5 },
+            malformed(
+                ApiKey::DescribeSegments,
+                5,
+                DecodeError::Truncated { needed: 1, remaining: 0 },
+            ),
+        ),
+        (
+            "key 73 is unknown",
+            "0049 00000006",
+            RequestError::UnknownApiKey { api_key: 73, corr: 6 },
         ),
     ];
     for (name, body, expected) in cases {
@@ -269,4 +329,58 @@ fn extension_payloads_are_exact() {
     let envelope = ResponseEnvelope::parse(hex(state_2)).expect("6+ bytes");
     let error = DecodeError::UnknownTag { field: "range state", tag: 2 };
     assert_eq!(envelope.decode(Expect::Reply(ApiKey::DescribeTopic)), Err(error));
+}
+
+#[test]
+fn describe_segments_answers_are_exact() {
+    use crate::error::DecodeError;
+    // One segment (range 0, segment 3, base 0) with one copy (broker 1), the bytes after the
+    // segment's `base` and the copy's `node_id` varied.
+    let answer = |seal: &str, copy: &str| {
+        format!(
+            "00000001 0000 00 00000001 00000000 0000000000000003 0000000000000000 {seal}
+             0001 0000000000000001 {copy}"
+        )
+    };
+    let seal = "01 000000000000000a 00000000000001a4";
+    let copy = "01 01 000000000000000a 01";
+    let cases: &[(&str, String, DecodeError)] = &[
+        (
+            "segment state 2",
+            answer("02 000000000000000a 00000000000001a4", copy),
+            DecodeError::UnknownTag { field: "segment state", tag: 2 },
+        ),
+        (
+            "settled 2",
+            answer(seal, "02 01 000000000000000a 01"),
+            DecodeError::InvalidBool { value: 2 },
+        ),
+        (
+            "answered 2",
+            answer(seal, "01 02 000000000000000a 01"),
+            DecodeError::InvalidBool { value: 2 },
+        ),
+        (
+            "sealed 2",
+            answer(seal, "01 01 000000000000000a 02"),
+            DecodeError::InvalidBool { value: 2 },
+        ),
+        (
+            "a copy without its sealed flag: 18 bytes cannot hold one 19-byte copy",
+            answer(seal, "01 01 000000000000000a"),
+            DecodeError::CountTooLarge { count: 1, remaining: 18 },
+        ),
+        (
+            "a byte after the last copy",
+            answer(seal, "01 01 000000000000000a 01 00"),
+            DecodeError::TrailingBytes { count: 1 },
+        ),
+    ];
+    for (name, body, expected) in cases {
+        let envelope = ResponseEnvelope::parse(hex(body)).expect("6+ bytes");
+        let decoded = envelope.decode(Expect::Reply(ApiKey::DescribeSegments));
+        assert_eq!(decoded, Err(*expected), "{name}");
+    }
+    let well_formed = ResponseEnvelope::parse(hex(&answer(seal, copy))).expect("6+ bytes");
+    assert!(well_formed.decode(Expect::Reply(ApiKey::DescribeSegments)).is_ok());
 }

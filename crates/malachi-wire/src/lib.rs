@@ -1,6 +1,6 @@
 //! Malachi's binary wire protocol, shared by the broker and the client: framing, the request and
 //! response envelopes, a typed request and response for every api key (0..=34, and Malachi's own
-//! 64..=71 of `docs/protocol.md`), records, the
+//! 64..=72 of `docs/protocol.md`), records, the
 //! batch codec, and the reason strings of error answers. The contract is
 //! `shared/spec/wire-protocol.md`, byte for byte; its section 6 test vectors are golden tests
 //! here.

@@ -103,6 +103,7 @@ requests! {
     /// The payload must be empty.
     ClusterStatus(Empty),
     RemoveBroker(RemoveBrokerRequest),
+    DescribeSegments(DescribeSegmentsRequest),
 }
 
 /// A request body split into its envelope fields, the payload not yet decoded.

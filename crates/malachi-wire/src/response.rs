@@ -105,6 +105,7 @@ responses! {
         CreateTopicRanges(Empty),
         ClusterStatus(ClusterStatusResponse),
         RemoveBroker(Empty),
+        DescribeSegments(DescribeSegmentsResponse),
     }
     no_reply { StreamAck, Append, ConsumeAck }
 }

@@ -10,7 +10,9 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::{BrokerProcess, free_port, leader_of, vnodes_led};
-use malachi_client::{Client, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder};
+use malachi_client::{
+    Client, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder, SegmentState,
+};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 
@@ -314,6 +316,70 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
         status_becomes(client, killed_id, 0).await;
     }
     status_becomes(&back, killed_id, 0).await;
+}
+
+/// `describe_segments` through every broker lists the head with its three copies in one replica
+/// order (metadata's, the primary first), and every copy holds the acknowledged records once
+/// the last follower caught up; the CLI prints them and finds nothing under-replicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_broker_describes_each_copy_of_a_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = start_cluster(dir.path(), 3);
+    let mut clients = Vec::new();
+    for member in &members {
+        clients.push(member.admin().await);
+    }
+    // Replicas go to live brokers only: wait until all three are.
+    for node_id in 1..=3 {
+        status_becomes(&clients[0], node_id, 0).await;
+    }
+    clients[0].create_topic("copies").await.unwrap();
+    let batch = (0..12).map(|n| RecordBuilder::new(format!("r{n}")).build()).collect();
+    assert_eq!(clients[0].produce("copies", batch).await.unwrap(), 12);
+    let mut orders = Vec::new();
+    for (at, client) in clients.iter().enumerate() {
+        eventually(&format!("broker {} describes every copy at 12", at + 1), || async {
+            let described = client.describe_segments("copies").await.map_err(|e| e.to_string())?;
+            let [head] = &described.segments[..] else { return Err(format!("{described:?}")) };
+            let mut nodes: Vec<u64> = head.copies.iter().map(|copy| copy.node_id).collect();
+            nodes.sort();
+            let caught_up = head.copies.iter().all(|copy| {
+                copy.answered && copy.durable_offset == 12 && !copy.sealed && !copy.settled
+            });
+            let ok = head.state == SegmentState::Active && nodes == [1, 2, 3] && caught_up;
+            if ok { Ok(()) } else { Err(format!("{head:?}")) }
+        })
+        .await;
+        let described = client.describe_segments("copies").await.unwrap();
+        let order: Vec<u64> = described.segments[0].copies.iter().map(|c| c.node_id).collect();
+        orders.push(order);
+    }
+    assert!(orders.iter().all(|order| *order == orders[0]), "one replica order: {orders:?}");
+
+    let server = members[1].process.address();
+    let cli = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_malachi"))
+            .args(args)
+            .args(["--server", &server, "--user", "admin", "--password", ADMIN_PASSWORD])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{args:?}: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    };
+    let replicas: Vec<String> = orders[0].iter().map(u64::to_string).collect();
+    let described = cli(&["topic", "describe", "copies"]);
+    let row = described.lines().find(|line| line.contains(" active ") && line.contains('*'));
+    let row: Vec<&str> = row.unwrap_or_else(|| panic!("{described}")).split_whitespace().collect();
+    let primary = format!("{}*", replicas[0]);
+    let expected = [primary.as_str(), &replicas[1], &replicas[2], "12", "12", "12", "-", "-"];
+    assert_eq!(row[6..], expected, "{described}");
+    let status = cli(&["cluster", "status"]);
+    assert!(status.contains("under-replicated: 0 segments (0 healing)"), "{status}");
 }
 
 /// The records of `topic` from its start, or the first refusal.

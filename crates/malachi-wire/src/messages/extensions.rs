@@ -1,5 +1,6 @@
-//! Malachi's own keys, 64–71: topic listing, description, deletion, and the reshard operations
-//! (split, merge, create with several ranges). The original protocol has nothing for these, so
+//! Malachi's own keys, 64–72: topic listing, description, deletion, the reshard operations
+//! (split, merge, create with several ranges), the cluster's status and each segment's copies.
+//! The original protocol has nothing for these, so
 //! an original client never sends them; they are numbered well above the original's 0..=34 so
 //! that a later original key cannot collide. Layouts follow the same rules as every other key:
 //! exact, big-endian, `str` absent ≠ empty. `docs/protocol.md` is their user-facing contract.
@@ -57,6 +58,60 @@ pub struct RangeDescription {
     pub records: u64,
     /// Records removed by retention so far.
     pub expired_records: u64,
+}
+
+/// Key 72: each segment of a topic with its replica set and what each copy's broker reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DescribeSegmentsRequest {
+    pub topic: Option<Bytes>,
+}
+
+/// Key 72's ok answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DescribeSegmentsResponse {
+    pub topic: Option<Bytes>,
+    /// `list32`, in `range_id` order, then each range's segments oldest first; the first ones
+    /// only, for a topic with more than one answer holds.
+    pub segments: Vec<SegmentDescription>,
+}
+
+/// A segment's state in [`SegmentDescription`]: `u8` 0 or 1, any other value malformed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum SegmentState {
+    Active = 0,
+    Sealed = 1,
+}
+
+/// One segment of a [`DescribeSegmentsResponse`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentDescription {
+    pub range_id: u32,
+    pub segment_id: u64,
+    /// Wire `base`: records of the range before this segment's offset 0.
+    pub base_records: u64,
+    pub state: SegmentState,
+    /// The length metadata recorded when the segment was sealed; 0 while active.
+    pub end_offset: u64,
+    /// The data bytes recorded with that seal; 0 while active.
+    pub data_bytes: u64,
+    /// `list16`, in replica order: the primary first.
+    pub copies: Vec<CopyDescription>,
+}
+
+/// One copy of a [`SegmentDescription`]. Each flag is a `u8` 0 or 1, any other value malformed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyDescription {
+    pub node_id: u64,
+    /// Metadata records this copy as settled: sealed at the recorded length and bytes, and
+    /// intact when last checked.
+    pub settled: bool,
+    /// The copy's broker answered; when not, `durable_offset` is 0 and `sealed` false.
+    pub answered: bool,
+    /// Wire `end`: records durable in this copy, as its broker reports them.
+    pub durable_offset: u64,
+    /// The copy itself is sealed.
+    pub sealed: bool,
 }
 
 /// Key 66 (admin). Ok answer: [`crate::messages::Empty`].
@@ -315,6 +370,86 @@ impl Wire for RangeDescription {
     }
 }
 
+impl Wire for DescribeSegmentsRequest {
+    const WIRE_BYTES_MIN: usize = 1;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(DescribeSegmentsRequest { topic: reader.str()? })
+    }
+}
+
+impl Wire for DescribeSegmentsResponse {
+    const WIRE_BYTES_MIN: usize = 1 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())?;
+        writer.list32(&self.segments)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(DescribeSegmentsResponse { topic: reader.str()?, segments: reader.list32()? })
+    }
+}
+
+impl Wire for SegmentDescription {
+    /// range_id, segment_id, base, state, end_offset, data_bytes, an empty list16.
+    const WIRE_BYTES_MIN: usize = 4 + 8 + 8 + 1 + 8 + 8 + 2;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u32(self.range_id);
+        writer.u64(self.segment_id);
+        writer.u64(self.base_records);
+        writer.u8(self.state as u8);
+        writer.u64(self.end_offset);
+        writer.u64(self.data_bytes);
+        writer.list16(&self.copies)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(SegmentDescription {
+            range_id: reader.u32()?,
+            segment_id: reader.u64()?,
+            base_records: reader.u64()?,
+            state: match reader.u8()? {
+                0 => SegmentState::Active,
+                1 => SegmentState::Sealed,
+                tag => return Err(DecodeError::UnknownTag { field: "segment state", tag }),
+            },
+            end_offset: reader.u64()?,
+            data_bytes: reader.u64()?,
+            copies: reader.list16()?,
+        })
+    }
+}
+
+impl Wire for CopyDescription {
+    /// node_id, settled, answered, end, sealed.
+    const WIRE_BYTES_MIN: usize = 8 + 1 + 1 + 8 + 1;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(self.node_id);
+        writer.bool(self.settled);
+        writer.bool(self.answered);
+        writer.u64(self.durable_offset);
+        writer.bool(self.sealed);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(CopyDescription {
+            node_id: reader.u64()?,
+            settled: reader.bool()?,
+            answered: reader.bool()?,
+            durable_offset: reader.u64()?,
+            sealed: reader.bool()?,
+        })
+    }
+}
+
 impl Wire for DeleteTopicRequest {
     const WIRE_BYTES_MIN: usize = 1;
 
@@ -433,5 +568,18 @@ mod tests {
         assert_minimal("ClusterBroker", &ClusterBroker::default());
         assert_minimal("ClusterGroup", &ClusterGroup::default());
         assert_minimal("RemoveBrokerRequest", &RemoveBrokerRequest::default());
+        let segment = SegmentDescription {
+            range_id: 0,
+            segment_id: 0,
+            base_records: 0,
+            state: SegmentState::Active,
+            end_offset: 0,
+            data_bytes: 0,
+            copies: Vec::new(),
+        };
+        assert_minimal("DescribeSegmentsRequest", &DescribeSegmentsRequest::default());
+        assert_minimal("DescribeSegmentsResponse", &DescribeSegmentsResponse::default());
+        assert_minimal("SegmentDescription", &segment);
+        assert_minimal("CopyDescription", &CopyDescription::default());
     }
 }

@@ -1,5 +1,5 @@
 //! The typed payload of every request and ok response, one module per section of the spec, plus
-//! [`extensions`] for Malachi's own keys 64–71.
+//! [`extensions`] for Malachi's own keys 64–72.
 //!
 //! Each type is the exact layout of one payload: [`crate::Wire::decode`] consumes the whole
 //! payload or fails. A wire `str` is `Option<Bytes>` (absent and empty differ) unless the spec
