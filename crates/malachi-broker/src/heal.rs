@@ -22,7 +22,7 @@
 
 use malachi_log::SealInfo;
 use malachi_meta::MetaCommand;
-use malachi_meta::placement::{self, Candidate, Constraints};
+use malachi_meta::placement::{self, Candidate};
 
 use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
@@ -72,7 +72,8 @@ impl Broker {
                     let segment = meta.0.segment(segment_id)?;
                     let (end_offset, data_bytes) = segment.sealed_length()?;
                     let whole = segment.replicas.iter().all(|r| segment.settled_on.contains(r));
-                    (segment.replicas.len() > 1 && !whole).then(|| Unsettled {
+                    let lost = segment.replicas.iter().any(|&r| self.replica_lost(r));
+                    (segment.replicas.len() > 1 && (!whole || lost)).then(|| Unsettled {
                         key: SegmentKey {
                             topic_id: segment.topic_id,
                             range_id: segment.range_id,
@@ -107,14 +108,22 @@ impl Broker {
         cursors.insert(vnode_id, segment_id);
     }
 
-    /// Settles, or moves, every unsettled replica of `segment`.
+    /// Whether `node`'s copies are lost to the cluster: it has been dead longer than
+    /// `MALACHI_REPLICA_REPLACE_AFTER_MS`, so its replicas move elsewhere.
+    fn replica_lost(&self, node: u64) -> bool {
+        self.member_status(node) == PeerStatus::Dead
+            && self.dead_for_ms(node) >= self.config.cluster.replica_replace_after_ms
+    }
+
+    /// Settles every unsettled replica of `segment`, and moves every replica (settled or
+    /// not) off a broker that is lost.
     async fn heal_segment(&self, term: u64, segment: &Unsettled) {
         let key = segment.key;
-        let replace_after_ms = self.config.cluster.replica_replace_after_ms;
         let mut settled = Vec::new();
-        for &replica in segment.replicas.iter().filter(|r| !segment.settled_on.contains(r)) {
+        let unsettled = |replica: &&u64| !segment.settled_on.contains(replica);
+        for &replica in segment.replicas.iter().filter(|r| unsettled(r) || self.replica_lost(**r)) {
             if self.member_status(replica) == PeerStatus::Dead {
-                if self.dead_for_ms(replica) >= replace_after_ms {
+                if self.replica_lost(replica) {
                     self.replace_replica(term, segment, replica).await;
                 }
                 continue;
@@ -141,18 +150,21 @@ impl Broker {
         }
     }
 
-    /// Moves `segment`'s replica off `dead` to a live broker holding none.
+    /// Moves `segment`'s replica off `dead` to a live broker holding none, chosen by placement
+    /// with the surviving replicas kept (so the constraints hold for the whole set).
     async fn replace_replica(&self, term: u64, segment: &Unsettled, dead: u64) {
         let key = segment.key;
+        let survivors: Vec<u64> = segment.replicas.iter().copied().filter(|&r| r != dead).collect();
         let live: Vec<Candidate> = self
             .cluster_view()
             .brokers
             .into_iter()
             .filter(|broker| {
                 let node = broker.record.node_id;
-                broker.status == PeerStatus::Alive
-                    && self.takes_new_work(node)
-                    && !segment.replicas.contains(&node)
+                survivors.contains(&node)
+                    || (broker.status == PeerStatus::Alive
+                        && self.takes_new_work(node)
+                        && !segment.replicas.contains(&node))
             })
             .map(|broker| Candidate {
                 broker_id: broker.record.node_id,
@@ -160,11 +172,20 @@ impl Broker {
             })
             .collect();
         let object = key.segment_id.to_le_bytes();
-        let Ok(chosen) = placement::place(&object, 1, &live, &[], &Constraints::default()) else {
+        let constraints = &self.config.cluster.placement;
+        let placed =
+            placement::place(&object, segment.replicas.len(), &live, &survivors, constraints);
+        let new = match placed {
+            Ok(placed) => placed.brokers.into_iter().find(|broker| !survivors.contains(broker)),
+            Err(error) => {
+                tracing::debug!(?key, dead, %error, "no placement to move a replica to");
+                None
+            }
+        };
+        let Some(new) = new else {
             tracing::debug!(?key, dead, "no live broker to move a replica to");
             return;
         };
-        let new = chosen.brokers[0];
         let command = MetaCommand::ReplaceReplica { segment_id: key.segment_id, old: dead, new };
         match self.propose_in_term(term, key.topic_id, command).await {
             Ok(_) => tracing::info!(?key, dead, new, "replica moved off a dead broker"),

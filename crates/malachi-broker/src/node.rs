@@ -86,6 +86,15 @@ pub struct Canaries {
     /// are forwarded to whoever leads now instead of being fenced by the term they were
     /// decided in.
     pub coordinate_deposed: bool,
+    /// A replicated append is acknowledged once the primary's own copy is durable, without
+    /// waiting for a quorum of the replicas.
+    pub ack_primary_only: bool,
+    /// Failover promotes a follower instead of sealing at the highest durable end: the copy
+    /// of the follower furthest behind decides where the segment ends, as an unlucky election
+    /// would.
+    pub promote_follower: bool,
+    /// Failover seals with whatever copies answer, even fewer than `n - q + 1`.
+    pub seal_without_enough_answers: bool,
 }
 
 impl NodeDeps {

@@ -123,7 +123,10 @@ impl Broker {
             passes.push(match outcome {
                 Ok(Remote::Done(())) => Pass { appended_any: true, ..Pass::default() },
                 Ok(Remote::FencedOrGone) => Pass { fenced: batch.indexes, ..Pass::default() },
-                Err(error) => Pass { failure: Some(error), ..Pass::default() },
+                Err(error) => {
+                    self.after_unreachable_primary(batch.key, &error);
+                    Pass { failure: Some(error), ..Pass::default() }
+                }
             });
         }
         let appended_any = passes.iter().any(|pass| pass.appended_any);
@@ -158,6 +161,18 @@ impl Broker {
     /// Appends the batches bound for this broker's own heads: those it holds alone through
     /// one round of the group commit, the replicated ones it is the primary of through their
     /// replication, all at once.
+    /// A forward to the primary of a replicated head that did not reach it (a broker killed,
+    /// cut off or gone) asks for the head's roll at once: its followers can seal it by
+    /// failover without waiting for membership to call the primary dead (the producer's retry
+    /// then meets the new head). A primary that is in fact alive only loses its head early.
+    fn after_unreachable_primary(&self, key: SegmentKey, error: &LogError) {
+        let replicated = self.replicas(key).is_some_and(|replicas| replicas.len() > 1);
+        if replicated && matches!(error, LogError::Unavailable(_)) {
+            tracing::info!(?key, %error, "the primary is out of reach: asking for a roll");
+            self.request_roll(key.topic_id, key.range_id);
+        }
+    }
+
     pub(crate) async fn append_local(&self, batches: Vec<RangeBatch>, records: &[Record]) -> Pass {
         let mut pass = Pass::default();
         let mut plain = Vec::with_capacity(batches.len());

@@ -324,7 +324,9 @@ impl Broker {
             })
             .await
             .map_err(ReplicatedAppendError::Append)?;
-        self.wait_acked(&head, ticket.end_offset).await?;
+        if !self.canaries.ack_primary_only {
+            self.wait_acked(&head, ticket.end_offset).await?;
+        }
         Ok(ticket)
     }
 

@@ -14,10 +14,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use malachi_broker::data::SegmentKey;
 use malachi_broker::node::Canaries;
 use malachi_check::{Drain, EventKind, History, Op, Produce, WrittenRecord};
-use malachi_log::SimStorage;
 use malachi_log::rng::SeededRng;
+use malachi_log::{SimFaults, SimStorage};
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
@@ -42,11 +43,22 @@ pub enum ClusterCanary {
     /// The coordinator keeps deciding after losing the vnode's leadership and forwards its
     /// commands to the new leader instead of fencing them by term.
     CoordinateDeposed,
+    /// A replicated append is acknowledged after the primary's own fsync only.
+    AckPrimaryOnly,
+    /// Failover promotes a follower (the one furthest behind) instead of sealing at the
+    /// highest durable end.
+    PromoteFollower,
+    /// Failover seals with fewer than `n - q + 1` copies answering.
+    SealWithoutEnoughAnswers,
 }
 
 impl ClusterCanary {
-    pub const ALL: [(&'static str, ClusterCanary); 1] =
-        [("coordinate-deposed", ClusterCanary::CoordinateDeposed)];
+    pub const ALL: [(&'static str, ClusterCanary); 4] = [
+        ("coordinate-deposed", ClusterCanary::CoordinateDeposed),
+        ("ack-primary-only", ClusterCanary::AckPrimaryOnly),
+        ("promote-follower", ClusterCanary::PromoteFollower),
+        ("seal-few-answers", ClusterCanary::SealWithoutEnoughAnswers),
+    ];
 
     pub fn parse(name: &str) -> Option<ClusterCanary> {
         ClusterCanary::ALL.iter().find(|(known, _)| *known == name).map(|(_, canary)| *canary)
@@ -59,6 +71,10 @@ pub struct ClusterOptions {
     /// Simulated milliseconds of the fault phase.
     pub fault_ms: u64,
     pub canary: Option<ClusterCanary>,
+    /// The replication faults and checks (storage faults on any broker, damaged sealed
+    /// copies, waiting for healing, comparing settled copies). Off by default until the
+    /// findings they surfaced are fixed (docs/testing.md).
+    pub replica_faults: bool,
 }
 
 /// Simulated milliseconds of a cluster run's fault phase unless told otherwise.
@@ -66,7 +82,7 @@ pub const CLUSTER_FAULT_MS: u64 = 10_000;
 
 impl ClusterOptions {
     pub fn new(seed: u64) -> ClusterOptions {
-        ClusterOptions { seed, fault_ms: CLUSTER_FAULT_MS, canary: None }
+        ClusterOptions { seed, fault_ms: CLUSTER_FAULT_MS, canary: None, replica_faults: false }
     }
 }
 
@@ -94,10 +110,26 @@ struct Swarm {
     retention_bytes: u64,
     /// Vnodes on the ring (`MALACHI_LOG_VNODES`).
     vnodes: u64,
+    /// Replicas per segment (`MALACHI_LOG_REPLICATION_FACTOR`).
+    replication_factor: u64,
+    /// `MALACHI_REPLICA_REPLACE_AFTER_MS`.
+    replica_replace_after_ms: u64,
+    /// Every broker's disk faults while faults are on.
+    disk: SimFaults,
+    /// A broker whose group commit failed a sync restarts (as a supervisor restarts a broker
+    /// that stops); otherwise it stays up refusing writes until the heal.
+    restart_after_sync_failure: bool,
+    /// Mean milliseconds between one broker's disk filling up, and how long it stays full.
+    full_disk_every_ms: Option<u64>,
+    full_disk_ms: u64,
+    /// Mean milliseconds between a bit flip or a cut of a sealed copy at rest.
+    damage_every_ms: Option<u64>,
+    /// The replication faults and checks are on (`ClusterOptions::replica_faults`).
+    replica_faults: bool,
 }
 
 impl Swarm {
-    fn draw(rng: &mut SeededRng, canary: Option<ClusterCanary>) -> Swarm {
+    fn draw(rng: &mut SeededRng, canary: Option<ClusterCanary>, replica_faults: bool) -> Swarm {
         let mut pick = |choices: &[u64]| choices[rng.below(choices.len() as u64) as usize];
         let producers = (0..pick(&[1, 2, 3]))
             .map(|_| {
@@ -127,7 +159,33 @@ impl Swarm {
             segment_max_bytes: pick(&[4_096, 16_384, 262_144]),
             retention_bytes: pick(&[8_192, 65_536]),
             vnodes: pick(&[1, 3, 8]),
+            replication_factor: 3,
+            replica_replace_after_ms: 60_000,
+            disk: SimFaults::default(),
+            restart_after_sync_failure: false,
+            full_disk_every_ms: None,
+            full_disk_ms: 0,
+            damage_every_ms: None,
+            replica_faults,
         };
+        // Drawn only when asked for, so that the seeds without them keep their swarms.
+        if replica_faults {
+            swarm.replica_replace_after_ms = pick(&[2_000, 60_000]);
+            swarm.disk = SimFaults {
+                sync_failure_per_mille: pick(&[0, 0, 1]),
+                write_failure_per_mille: pick(&[0, 0, 1]),
+                capacity_bytes: None,
+                crash_keeps_unsynced_prefix: pick(&[0, 1]) == 1,
+                crash_tears_last_write: pick(&[0, 1]) == 1,
+            };
+            swarm.restart_after_sync_failure = pick(&[0, 1]) == 1;
+            swarm.full_disk_every_ms = [None, None, Some(3_000)][pick(&[0, 1, 2]) as usize];
+            swarm.full_disk_ms = pick(&[300, 2_000]);
+            swarm.damage_every_ms = [None, Some(700), Some(2_000)][pick(&[0, 1, 2]) as usize];
+            if swarm.nodes == 5 {
+                swarm.replication_factor = pick(&[3, 5]);
+            }
+        }
         if canary == Some(ClusterCanary::CoordinateDeposed) {
             // Leadership must move while the coordinators are busy.
             swarm.partition_every_ms = Some(800);
@@ -138,11 +196,31 @@ impl Swarm {
             swarm.reshape_pause_ms = 50;
             swarm.producers = vec![(ProducerMode::Pipelined { depth: 4 }, 0); 3];
         }
+        if matches!(
+            canary,
+            Some(
+                ClusterCanary::AckPrimaryOnly
+                    | ClusterCanary::PromoteFollower
+                    | ClusterCanary::SealWithoutEnoughAnswers
+            )
+        ) {
+            // Primaries must be lost with records their followers lack: brokers cut off and
+            // killed often, for longer than membership takes to call them dead, under load.
+            swarm.crash_every_ms = Some(1_500);
+            swarm.down_ms_max = 3_000;
+            swarm.process_crash_per_mille = 0;
+            swarm.partition_every_ms = Some(1_500);
+            swarm.partition_ms_max = 3_000;
+            swarm.net.delay_max_ms = 20;
+            swarm.producers = vec![(ProducerMode::Pipelined { depth: 4 }, 0); 3];
+            swarm.reshaper = false;
+            swarm.segment_max_bytes = 262_144;
+        }
         swarm
     }
 
     fn settings(&self, node_id: u64) -> Vec<(&'static str, String)> {
-        vec![
+        let mut settings = vec![
             ("AUTO_SPLIT_ENABLED", self.auto_split.to_string()),
             ("AUTO_SPLIT_WINDOW_MS", "1000".into()),
             ("SPLIT_RECORDS_PER_S", "300".into()),
@@ -154,7 +232,16 @@ impl Swarm {
             ("ADVERTISE_HOST", format!("node-{node_id}")),
             ("NODE_ID", node_id.to_string()),
             ("LOG_VNODES", self.vnodes.to_string()),
-        ]
+        ];
+        if self.replica_faults {
+            settings.extend([
+                ("LOG_REPLICATION_FACTOR", self.replication_factor.to_string()),
+                ("REPLICA_REPLACE_AFTER_MS", self.replica_replace_after_ms.to_string()),
+                ("SCRUB_INTERVAL_MS", "500".into()),
+                ("SCRUB_SEGMENTS_PER_TICK", "16".into()),
+            ]);
+        }
+        settings
     }
 }
 
@@ -181,6 +268,10 @@ struct ClusterWorld {
     /// Brokers down, by index, with when they come back.
     down: Vec<Option<Down>>,
     partition_until_ms: Option<u64>,
+    /// The broker whose disk is full now, by index, and until when.
+    full_disk: Option<(usize, u64)>,
+    /// Segments a copy of which the world damaged (one copy each, so intact ones remain).
+    damaged: std::collections::BTreeSet<u64>,
     clients: Runtime,
     ctx: Arc<Ctx>,
     now_ms: u64,
@@ -194,12 +285,16 @@ impl ClusterWorld {
     fn new(options: ClusterOptions) -> ClusterWorld {
         let seed = options.seed;
         let mut rng = SeededRng::new(derive_seed(seed, 1));
-        let swarm = Swarm::draw(&mut rng, options.canary);
+        let swarm = Swarm::draw(&mut rng, options.canary, options.replica_faults);
         let clock = Arc::new(SimClock::default());
         clock.set(EPOCH_MS);
         let net = SimNet::new(derive_seed(seed, 2));
+        let canary = |which: ClusterCanary| options.canary == Some(which);
         let canaries = Canaries {
-            coordinate_deposed: options.canary == Some(ClusterCanary::CoordinateDeposed),
+            coordinate_deposed: canary(ClusterCanary::CoordinateDeposed),
+            ack_primary_only: canary(ClusterCanary::AckPrimaryOnly),
+            promote_follower: canary(ClusterCanary::PromoteFollower),
+            seal_without_enough_answers: canary(ClusterCanary::SealWithoutEnoughAnswers),
             ..Canaries::default()
         };
         let nodes: Vec<SimNode> = (1..=swarm.nodes)
@@ -226,6 +321,8 @@ impl ClusterWorld {
             net,
             nodes,
             partition_until_ms: None,
+            full_disk: None,
+            damaged: Default::default(),
             clients: paused_runtime(),
             ctx,
             now_ms: 0,
@@ -249,6 +346,7 @@ impl ClusterWorld {
         let workload = self.start_workload();
         self.faults_on = true;
         self.net.set_faults(self.swarm.net);
+        self.apply_disk_faults();
         for _ in 0..self.options.fault_ms {
             self.tick();
         }
@@ -263,10 +361,14 @@ impl ClusterWorld {
             return;
         }
         self.final_produce(ORDERS);
+        let healed = self.options.replica_faults && self.wait_for_healing();
         for topic in [ORDERS, EVENTS] {
             self.final_drain(topic);
         }
         self.check_fence();
+        if healed {
+            self.check_copies();
+        }
     }
 
     /// Ticks until `done` holds; `false` after `HEAL_TICKS_MAX` ticks.
@@ -337,6 +439,13 @@ impl ClusterWorld {
                 self.record(format!("node {} fail-stop: {}", index + 1, reason_name(&reason)));
                 self.stats.fail_stops += 1;
                 self.crash(index, 1, true);
+            } else if self.nodes[index].commit_failed()
+                && (self.swarm.restart_after_sync_failure || !self.faults_on)
+            {
+                // Only a restart's journal replay makes it writable again.
+                self.record(format!("node {} restarts: its group commit failed", index + 1));
+                self.stats.fail_stops += 1;
+                self.crash(index, 1, true);
             }
         }
         self.clients.block_on(async { tokio::time::sleep(TICK).await });
@@ -370,6 +479,162 @@ impl ClusterWorld {
         {
             self.partition();
         }
+        self.strike_disks();
+    }
+
+    /// Fills one broker's disk for a while, and damages sealed copies at rest.
+    fn strike_disks(&mut self) {
+        if let Some((index, until)) = self.full_disk
+            && self.now_ms >= until
+        {
+            self.full_disk = None;
+            self.apply_disk_faults();
+            self.record(format!("node {} disk space freed", index + 1));
+        }
+        if let Some(every) = self.swarm.full_disk_every_ms
+            && self.full_disk.is_none()
+            && self.rng.chance(1, every)
+        {
+            let index = self.rng.below(self.swarm.nodes) as usize;
+            let storage = &self.nodes[index].storage;
+            let capacity = storage.used_bytes() + self.rng.below(64 * 1024);
+            storage.set_faults(SimFaults { capacity_bytes: Some(capacity), ..self.swarm.disk });
+            self.full_disk = Some((index, self.now_ms + self.swarm.full_disk_ms));
+            self.record(format!("node {} disk full at {capacity} bytes", index + 1));
+        }
+        if let Some(every) = self.swarm.damage_every_ms
+            && self.rng.chance(1, every)
+        {
+            self.damage_sealed_copy();
+        }
+    }
+
+    /// Every broker's disk faults as the phase wants them: the swarm's while faults are on
+    /// (a crash keeps what the swarm says of unsynced writes either way).
+    fn apply_disk_faults(&self) {
+        let disk = self.swarm.disk.clone();
+        let faults = match self.faults_on {
+            true => disk,
+            false => SimFaults {
+                crash_keeps_unsynced_prefix: disk.crash_keeps_unsynced_prefix,
+                crash_tears_last_write: disk.crash_tears_last_write,
+                ..SimFaults::default()
+            },
+        };
+        for node in &self.nodes {
+            node.storage.set_faults(faults.clone());
+        }
+    }
+
+    /// Flips a bit in, or cuts, one serving broker's copy of a sealed replicated segment of
+    /// a workload topic, one copy per segment at most: healing must find and rebuild it.
+    fn damage_sealed_copy(&mut self) {
+        let index = self.rng.below(self.swarm.nodes) as usize;
+        let Some(broker) = self.nodes[index].broker() else { return };
+        let node_id = index as u64 + 1;
+        let header_bytes = malachi_log::format::SEGMENT_HEADER_BYTES;
+        let candidates: Vec<(SegmentKey, u64)> = sealed_segments(&broker)
+            .into_iter()
+            .filter(|sealed| {
+                sealed.replicas.len() > 1
+                    && sealed.replicas.contains(&node_id)
+                    && sealed.data_bytes > header_bytes
+                    && !self.damaged.contains(&sealed.key.segment_id)
+            })
+            .map(|sealed| (sealed.key, sealed.data_bytes))
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let (key, data_bytes) = candidates[self.rng.below(candidates.len() as u64) as usize];
+        let path = segment_path(&self.nodes[index].data_dir, key);
+        let position = header_bytes + self.rng.below(data_bytes - header_bytes);
+        let storage = &self.nodes[index].storage;
+        let (what, done) = if self.rng.chance(1, 2) {
+            ("cut", storage.truncate(&path, position))
+        } else {
+            let bit = self.rng.below(8) as u8;
+            ("flip", storage.flip_bit(&path, position, bit))
+        };
+        if done.is_ok() {
+            self.damaged.insert(key.segment_id);
+            self.record(format!(
+                "damage: {what} node {node_id}'s copy of {}/{}/{} at byte {position}",
+                key.topic_id, key.range_id, key.segment_id
+            ));
+        }
+    }
+
+    /// Ticks until every sealed replicated segment of the workload topics is settled on every
+    /// replica (healing finished); `false`, with a finding, if it never is.
+    fn wait_for_healing(&mut self) -> bool {
+        let healed = self.tick_until(|world| world.unsettled().is_empty_or_unknown());
+        if !healed {
+            let unsettled = self.unsettled();
+            self.findings.push(format!(
+                "HealingStuck: sealed copies never settled once every fault healed: {unsettled:?}"
+            ));
+        } else {
+            self.record("healing finished".into());
+        }
+        healed
+    }
+
+    /// Sealed replicated segments with a replica whose copy is not settled, as a serving
+    /// broker's metadata says.
+    fn unsettled(&self) -> Unsettled {
+        let Some(index) = self.serving() else { return Unsettled(None) };
+        let Some(broker) = self.nodes[index].broker() else { return Unsettled(None) };
+        let open: Vec<String> = sealed_segments(&broker)
+            .into_iter()
+            .filter(|sealed| sealed.replicas.iter().any(|r| !sealed.settled_on.contains(r)))
+            .map(|sealed| {
+                format!(
+                    "{} replicas {:?} settled {:?}",
+                    sealed.key.segment_id, sealed.replicas, sealed.settled_on
+                )
+            })
+            .collect();
+        Unsettled(Some(open))
+    }
+
+    /// Every settled copy of a sealed replicated segment holds the same bytes: the recorded
+    /// length, and the same file on every replica but for each copy's own write marks (see
+    /// [`without_write_marks`]).
+    fn check_copies(&mut self) {
+        let Some(index) = self.serving() else { return };
+        let Some(broker) = self.nodes[index].broker() else { return };
+        let mut compared = 0u64;
+        for sealed in sealed_segments(&broker) {
+            let mut first: Option<(u64, Vec<u8>)> = None;
+            for &node_id in &sealed.settled_on {
+                let node = &self.nodes[node_id as usize - 1];
+                let bytes = node.storage.written_bytes(&segment_path(&node.data_dir, sealed.key));
+                let bytes = bytes.map(without_write_marks);
+                let Some(bytes) = bytes else {
+                    self.findings.push(format!(
+                        "CopiesDiffer: segment {} is settled on node {node_id}, which has no file",
+                        sealed.key.segment_id
+                    ));
+                    continue;
+                };
+                match &first {
+                    None => first = Some((node_id, bytes)),
+                    Some((other, expected)) if *expected != bytes => {
+                        let at = expected.iter().zip(&bytes).position(|(a, b)| a != b);
+                        self.findings.push(format!(
+                            "CopiesDiffer: segment {}'s settled copies on nodes {other} and \
+                             {node_id} differ ({} and {} bytes, first at byte {at:?})",
+                            sealed.key.segment_id,
+                            expected.len(),
+                            bytes.len()
+                        ));
+                    }
+                    Some(_) => compared += 1,
+                }
+            }
+        }
+        self.record(format!("settled copies compared: {compared} identical"));
     }
 
     /// Cuts the brokers apart for a while: one broker from the rest (both ways, or only its
@@ -453,6 +718,8 @@ impl ClusterWorld {
     /// Lifts every fault: partitions heal, the network is clean, every down broker restarts.
     fn heal(&mut self) {
         self.faults_on = false;
+        self.full_disk = None;
+        self.apply_disk_faults();
         self.net.heal_cuts();
         self.net.set_faults(NetFaults::default());
         self.partition_until_ms = None;
@@ -617,4 +884,68 @@ impl ClusterWorld {
             trace: std::iter::once(seed_line).chain(self.trace).chain(notes).collect(),
         }
     }
+}
+
+/// Unsettled sealed copies as a serving broker sees them; `None` while none serves.
+#[derive(Debug)]
+struct Unsettled(Option<Vec<String>>);
+
+impl Unsettled {
+    fn is_empty_or_unknown(&self) -> bool {
+        self.0.as_ref().is_some_and(Vec::is_empty)
+    }
+}
+
+/// A sealed replicated segment of a workload topic, as one broker's metadata records it.
+struct SealedSegment {
+    key: SegmentKey,
+    data_bytes: u64,
+    replicas: Vec<u64>,
+    settled_on: Vec<u64>,
+}
+
+fn sealed_segments(broker: &malachi_broker::node::Broker) -> Vec<SealedSegment> {
+    let mut sealed = Vec::new();
+    for name in [ORDERS, EVENTS] {
+        broker.read_meta_named(name, |meta| {
+            let Some(topic) = meta.topic_by_name(name) else { return };
+            for &range_id in topic.ranges.keys() {
+                for segment in meta.range_segments(topic.topic_id, range_id) {
+                    let Some((_, data_bytes)) = segment.sealed_length() else { continue };
+                    let segment_id = segment.segment_id;
+                    sealed.push(SealedSegment {
+                        key: SegmentKey { topic_id: topic.topic_id, range_id, segment_id },
+                        data_bytes,
+                        replicas: segment.replicas.clone(),
+                        settled_on: segment.settled_on.clone(),
+                    });
+                }
+            }
+        });
+    }
+    sealed
+}
+
+fn segment_path(data_dir: &Path, key: SegmentKey) -> std::path::PathBuf {
+    let dir = data_dir.join("topics").join(key.topic_id.to_string()).join(key.range_id.to_string());
+    malachi_log::segment_paths(&dir, key.segment_id).0
+}
+
+/// A segment file with every record frame's write mark cleared: the batch-start flag (the
+/// first record of one of this copy's own group-commit writes, which recovery uses to tell a
+/// torn tail from damage) and the frame checksum that covers it. Everything else (the header,
+/// every record's offset, timestamp, key, value and headers, every frame's place, the seal
+/// trailer) must be the same on every settled copy.
+fn without_write_marks(mut bytes: Vec<u8>) -> Vec<u8> {
+    use malachi_log::format::{FLAG_BATCH_START, FRAME_HEADER_BYTES, RECORD_MAGIC};
+    /// Where the flags byte sits in a record frame: after the offset and the timestamp.
+    const FLAGS_AT: usize = FRAME_HEADER_BYTES + 16;
+    let mut at = malachi_log::format::SEGMENT_HEADER_BYTES as usize;
+    while at + FLAGS_AT < bytes.len() && bytes[at..at + 2] == RECORD_MAGIC {
+        let length = u32::from_le_bytes(bytes[at + 2..at + 6].try_into().expect("4 bytes"));
+        bytes[at + 6..at + 10].fill(0);
+        bytes[at + FLAGS_AT] &= !FLAG_BATCH_START;
+        at += FRAME_HEADER_BYTES + length as usize;
+    }
+    bytes
 }

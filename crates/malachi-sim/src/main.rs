@@ -46,6 +46,10 @@ struct Args {
     /// Print each run's swarm (its fault rates and workload).
     #[arg(long)]
     verbose: bool,
+    /// With --cluster: storage faults on any broker, damaged sealed copies, and the checks
+    /// that healing finishes and settled copies agree
+    #[arg(long)]
+    replica_faults: bool,
     /// With --seed: write the run's history (JSON events) and trace to this file.
     #[arg(long)]
     history: Option<std::path::PathBuf>,
@@ -74,7 +78,12 @@ fn main() -> ExitCode {
     let run_seed = |seed| {
         if args.cluster {
             let fault_ms = args.fault_ms.unwrap_or(CLUSTER_FAULT_MS);
-            run_cluster(&ClusterOptions { seed, fault_ms, canary: cluster_canary })
+            run_cluster(&ClusterOptions {
+                seed,
+                fault_ms,
+                canary: cluster_canary,
+                replica_faults: args.replica_faults,
+            })
         } else {
             let fault_ms = args.fault_ms.unwrap_or(DEFAULT_FAULT_MS);
             run(&RunOptions { seed, fault_ms, canary })

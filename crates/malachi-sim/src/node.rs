@@ -175,6 +175,11 @@ impl SimNode {
         self.broker().is_some()
     }
 
+    /// Whether the node's group commit failed a sync (it refuses writes until a restart).
+    pub fn commit_failed(&self) -> bool {
+        self.broker().is_some_and(|broker| broker.data_plane().commit_failed())
+    }
+
     /// Why the node's Raft store refuses writes, if it does: a real node stops there (fail-stop),
     /// so the world crashes and restarts it.
     pub fn store_poisoned(&self) -> Option<String> {

@@ -351,7 +351,7 @@ impl World {
             trust_page_cache: options.canary == Some(Canary::TrustPageCache),
             skip_dir_sync: options.canary == Some(Canary::SkipDirSync),
             cut_damage: options.canary == Some(Canary::CutDamage),
-            coordinate_deposed: false,
+            ..Canaries::default()
         };
         let node = SimNode::new(NODE_ID, seed, config, canaries, storage);
         let ctx = Arc::new(Ctx::new(net.clone(), vec![NODE_ID], Arc::clone(&clock)));
