@@ -172,7 +172,16 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     // Every broker writes metadata and data of its own, and every broker reads all of it.
     for (i, client) in clients.iter().enumerate() {
         let topic = format!("t{}", i + 1);
-        client.create_topic(&topic).await.unwrap();
+        // Right after the start a vnode may have no leader yet (`metadata_unavailable`,
+        // retryable): retried as a client would, an earlier attempt that did create it counts.
+        eventually("the topic is created", || async {
+            match client.create_topic(&topic).await {
+                Ok(_) => Ok(()),
+                Err(error) if format!("{error:?}").contains("topic_exists") => Ok(()),
+                Err(error) => Err(format!("{error:?}")),
+            }
+        })
+        .await;
         produce_and_read_back(client, &topic, 20).await;
         client
             .create_user(&format!("user{}", i + 1), "user-password-1", &["consume"])
