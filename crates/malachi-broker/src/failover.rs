@@ -322,16 +322,30 @@ impl Broker {
                     "broker {source} holds no records of {key:?} from {from}"
                 )));
             }
-            let filling = std::sync::Arc::clone(&segment);
-            self.data
-                .run(move || {
-                    let ticket = filling.stage_fill(&records)?;
-                    filling.wait_durable(ticket)
-                })
-                .await
-                .map_err(|error| LogError::from(crate::data::DataError::Append(error)))?;
+            self.write_durably(&segment, records, Write::Fill).await?;
         }
         Ok(segment.durable_offset())
+    }
+
+    /// Writes `records` at the end of `segment` and waits until they are durable: appended to
+    /// a copy being rebuilt, or filled into a fenced one.
+    pub(crate) async fn write_durably(
+        &self,
+        segment: &std::sync::Arc<malachi_log::Segment>,
+        records: Vec<Record>,
+        how: Write,
+    ) -> Result<(), LogError> {
+        let writing = std::sync::Arc::clone(segment);
+        self.data
+            .run(move || {
+                let ticket = match how {
+                    Write::Append => writing.stage(&records)?,
+                    Write::Fill => writing.stage_fill(&records)?,
+                };
+                writing.wait_durable(ticket)
+            })
+            .await
+            .map_err(|error| LogError::from(crate::data::DataError::Append(error)))
     }
 
     /// Reads durable records `[from, from + wanted)` of `source`'s copy of `key`.
@@ -468,4 +482,13 @@ fn promoted_end(fenced: &[CopyEnd], primary: u64) -> u64 {
     let followers = fenced.iter().filter(|copy| copy.node_id != primary);
     let lowest = followers.map(|copy| copy.end_offset).min();
     lowest.unwrap_or_else(|| fenced.iter().map(|copy| copy.end_offset).max().unwrap_or(0))
+}
+
+/// How [`Broker::write_durably`] writes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Write {
+    /// An append, to a copy that takes them (being rebuilt).
+    Append,
+    /// A fill, to a fenced copy.
+    Fill,
 }

@@ -26,6 +26,7 @@ use malachi_meta::placement::{self, Candidate};
 
 use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
+use crate::failover::Write;
 use crate::gossip::PeerStatus;
 use crate::node::Broker;
 use crate::remote::{self, Reader};
@@ -313,14 +314,7 @@ impl Broker {
             }
             let batch = std::mem::take(&mut next);
             copied += batch.len() as u64;
-            let writing = std::sync::Arc::clone(&segment);
-            self.data
-                .run(move || {
-                    let ticket = writing.stage(&batch)?;
-                    writing.wait_durable(ticket)
-                })
-                .await
-                .map_err(|error| LogError::from(crate::data::DataError::Append(error)))?;
+            self.write_durably(&segment, batch, Write::Append).await?;
         }
         let sealed = self.data.seal(std::sync::Arc::clone(&segment)).await;
         match sealed {

@@ -158,9 +158,6 @@ impl Broker {
         }
     }
 
-    /// Appends the batches bound for this broker's own heads: those it holds alone through
-    /// one round of the group commit, the replicated ones it is the primary of through their
-    /// replication, all at once.
     /// A forward to the primary of a replicated head that did not reach it (a broker killed,
     /// cut off or gone) asks for the head's roll at once: its followers can seal it by
     /// failover without waiting for membership to call the primary dead (the producer's retry
@@ -173,6 +170,9 @@ impl Broker {
         }
     }
 
+    /// Appends the batches bound for this broker's own heads: those it holds alone through
+    /// one round of the group commit, the replicated ones it is the primary of through their
+    /// replication, all at once.
     pub(crate) async fn append_local(&self, batches: Vec<RangeBatch>, records: &[Record]) -> Pass {
         let mut pass = Pass::default();
         let mut plain = Vec::with_capacity(batches.len());
