@@ -67,6 +67,8 @@ struct HeadState {
     machine: Primary,
     /// Batches staged and not yet on every follower in reach, by first offset.
     batches: BTreeMap<u64, Arc<[Record]>>,
+    /// The primary's own copy lost records it had staged: only failover may seal the head.
+    lost: bool,
 }
 
 impl Head {
@@ -91,6 +93,16 @@ impl Head {
         now_ms: u64,
     ) -> Result<(AppendTicket, Vec<Action>), AppendError> {
         let mut state = self.lock();
+        if state.machine.writable() && segment.staged_end() != state.machine.staged_end() {
+            // This copy lost records it had staged and shipped (a failed write or sync reopened
+            // it from the disk): the followers may hold records it no longer has, and staging
+            // others at those offsets would make the copies differ. It takes nothing more;
+            // failover decides where it ends.
+            tracing::warn!(key = ?self.key, copy_end = segment.staged_end(),
+                staged_end = state.machine.staged_end(), "the primary's copy lost staged records");
+            state.lost = true;
+            state.machine.fence();
+        }
         if !state.machine.writable() {
             // No quorum was reached for an earlier batch: the head waits for its seal.
             return Err(AppendError::Sealed { end_offset: state.machine.acked_end() });
@@ -287,6 +299,7 @@ impl Broker {
             state: Mutex::new(HeadState {
                 machine: Primary::new(&followers, 0, self.replication_config()),
                 batches: BTreeMap::new(),
+                lost: false,
             }),
             acked: watch::channel(Acked::default()).0,
         });
@@ -322,12 +335,35 @@ impl Broker {
                 broker.execute(&staging, actions);
                 Ok::<_, AppendError>(ticket)
             })
-            .await
-            .map_err(ReplicatedAppendError::Append)?;
+            .await;
+        let ticket = match ticket {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                self.after_failed_stage(&head);
+                return Err(ReplicatedAppendError::Append(error));
+            }
+        };
         if !self.canaries.ack_primary_only {
             self.wait_acked(&head, ticket.end_offset).await?;
         }
         Ok(ticket)
+    }
+
+    /// After a batch could not be staged or synced here: what the machine asks for is done,
+    /// and a head whose copy lost staged records is handed to failover, as after a restart.
+    fn after_failed_stage(&self, head: &Arc<Head>) {
+        let (actions, lost) = {
+            let mut state = head.lock();
+            (state.take(), state.lost)
+        };
+        if let Some(broker) = self.self_handle() {
+            broker.execute(head, actions);
+        }
+        if lost {
+            self.replication.heads.lock().expect("heads lock poisoned").remove(&head.key);
+            self.replication.recovered.lock().expect("recovered lock poisoned").insert(head.key);
+            self.request_roll(head.key.topic_id, head.key.range_id);
+        }
     }
 
     /// Waits until a quorum acknowledged everything below `end`, ticking the machine so a batch

@@ -216,6 +216,11 @@ impl Swarm {
             swarm.reshaper = false;
             swarm.segment_max_bytes = 262_144;
         }
+        if canary == Some(ClusterCanary::SealWithoutEnoughAnswers) {
+            // Two of a segment's three replicas must be down while a metadata quorum stands,
+            // which three brokers cannot have.
+            swarm.nodes = 5;
+        }
         swarm
     }
 

@@ -164,6 +164,39 @@ fn a_cluster_seed_replays_to_the_same_trace() {
     assert_ne!(run_cluster(&ClusterOptions::new(6)).trace_hash, first.trace_hash);
 }
 
+/// A replication canary is caught when an acknowledged record goes missing: the seal point
+/// it picks drops records a quorum acknowledged.
+fn assert_cluster_canary_caught(canary: ClusterCanary) {
+    let name = ClusterCanary::ALL.iter().find(|(_, known)| *known == canary).expect("named").0;
+    for seed in 0..CANARY_SEEDS {
+        let outcome =
+            run_cluster(&ClusterOptions { canary: Some(canary), ..ClusterOptions::new(seed) });
+        let names = outcome.failure_names();
+        if names.iter().any(|found| CAUGHT_BY.contains(&found.as_str())) {
+            eprintln!("{name} caught by cluster seed {seed}: {names:?}");
+            return;
+        }
+    }
+    panic!(
+        "the {name} canary went unnoticed for {CANARY_SEEDS} cluster seeds: the checks are blind"
+    );
+}
+
+#[test]
+fn the_ack_primary_only_canary_is_caught() {
+    assert_cluster_canary_caught(ClusterCanary::AckPrimaryOnly);
+}
+
+#[test]
+fn the_promote_follower_canary_is_caught() {
+    assert_cluster_canary_caught(ClusterCanary::PromoteFollower);
+}
+
+#[test]
+fn the_seal_few_answers_canary_is_caught() {
+    assert_cluster_canary_caught(ClusterCanary::SealWithoutEnoughAnswers);
+}
+
 /// A coordinator that keeps acting after it lost the vnode's leadership is caught: the
 /// metadata's term fence counts its stale commands (a seed may also trip other checks first:
 /// the ranges such a coordinator holds back can stop taking writes).
