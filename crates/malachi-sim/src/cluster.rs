@@ -572,17 +572,46 @@ impl ClusterWorld {
 
     /// Ticks until every sealed replicated segment of the workload topics is settled on every
     /// replica (healing finished); `false`, with a finding, if it never is.
+    /// Damage counts as healed once no settled copy fails its checks: the scrubber found and
+    /// rebuilt every flipped bit and cut.
     fn wait_for_healing(&mut self) -> bool {
-        let healed = self.tick_until(|world| world.unsettled().is_empty_or_unknown());
+        let healed = self.tick_until(|world| {
+            world.unsettled().is_empty_or_unknown() && world.damaged_settled_copies().is_empty()
+        });
         if !healed {
             let unsettled = self.unsettled();
+            let damaged = self.damaged_settled_copies();
             self.findings.push(format!(
-                "HealingStuck: sealed copies never settled once every fault healed: {unsettled:?}"
+                "HealingStuck: once every fault healed, sealed copies never settled ({unsettled:?}) \
+                 or damaged settled copies were never repaired ({damaged:?})"
             ));
         } else {
             self.record("healing finished".into());
         }
         healed
+    }
+
+    /// Settled copies of sealed replicated segments that do not verify as sealed at their
+    /// recorded length (damage the scrubber has not repaired yet).
+    fn damaged_settled_copies(&self) -> Vec<String> {
+        let Some(index) = self.serving() else { return Vec::new() };
+        let Some(broker) = self.nodes[index].broker() else { return Vec::new() };
+        let mut damaged = Vec::new();
+        for sealed in sealed_segments(&broker) {
+            for &node_id in &sealed.settled_on {
+                let node = &self.nodes[node_id as usize - 1];
+                let dir = range_dir(&node.data_dir, sealed.key);
+                let report = malachi_log::verify_segment(&node.storage, &dir, sealed.key.segment_id);
+                let intact = report.is_ok_and(|report| {
+                    report.bad_frames.is_empty()
+                        && report.sealed.is_some_and(|seal| seal.data_bytes == sealed.data_bytes)
+                });
+                if !intact {
+                    damaged.push(format!("{} on node {node_id}", sealed.key.segment_id));
+                }
+            }
+        }
+        damaged
     }
 
     /// Sealed replicated segments with a replica whose copy is not settled, as a serving
@@ -931,9 +960,12 @@ fn sealed_segments(broker: &malachi_broker::node::Broker) -> Vec<SealedSegment> 
     sealed
 }
 
+fn range_dir(data_dir: &Path, key: SegmentKey) -> std::path::PathBuf {
+    data_dir.join("topics").join(key.topic_id.to_string()).join(key.range_id.to_string())
+}
+
 fn segment_path(data_dir: &Path, key: SegmentKey) -> std::path::PathBuf {
-    let dir = data_dir.join("topics").join(key.topic_id.to_string()).join(key.range_id.to_string());
-    malachi_log::segment_paths(&dir, key.segment_id).0
+    malachi_log::segment_paths(&range_dir(data_dir, key), key.segment_id).0
 }
 
 /// A segment file with every record frame's write mark cleared: the batch-start flag (the
