@@ -47,6 +47,9 @@ pub const CALL_READ_RAW: u8 = 10;
 
 /// How long a replica may take to say where its copy ends, or to fence it.
 const PROBE_TIMEOUT_MS: u64 = 2_000;
+/// How long a broker a probe could not reach stays out of new replica sets: longer than
+/// membership takes to call a dead broker dead, which then keeps it out.
+const UNREACHABLE_HOLD_MS: u64 = 10_000;
 const FENCE_TIMEOUT_MS: u64 = 5_000;
 /// How long a fill may take (it copies up to a whole segment's tail).
 const FILL_TIMEOUT_MS: u64 = 60_000;
@@ -86,6 +89,11 @@ impl Broker {
     async fn seal_by_draining(&self, key: SegmentKey) -> Result<SealReport, LogError> {
         let head = self.replication.head(key).ok_or(LogError::Migrating)?;
         let segment = self.segment(key).await?;
+        if head.copy_lost(&segment) {
+            // Sealed here it would end short of records the followers hold.
+            self.after_local_failure(&head);
+            return Err(LogError::NoQuorum(format!("{key:?}: the primary's copy lost records")));
+        }
         let info = self.data.seal(segment).await.map_err(|error| LogError::Storage {
             reason: "unfenced",
             detail: format!("sealing the primary's copy of {key:?} failed: {error}"),
@@ -200,13 +208,36 @@ impl Broker {
                 self.active_durable_end(key).await.is_ok()
             } else {
                 let payload = remote::encode_key(key);
-                self.data_call_within(node, remote::CALL_END, payload, PROBE_TIMEOUT_MS)
+                let answered = self
+                    .data_call_within(node, remote::CALL_END, payload, PROBE_TIMEOUT_MS)
                     .await
-                    .is_ok()
+                    .is_ok();
+                self.saw_reachable(node, answered);
+                answered
             };
             answered.then_some(node)
         });
         join_all(probes).await.into_iter().flatten().collect()
+    }
+
+    /// Records whether a probe reached `node`: one that did not is kept out of new replica sets
+    /// for [`UNREACHABLE_HOLD_MS`] (membership takes longer to call a dead broker dead).
+    fn saw_reachable(&self, node: u64, answered: bool) {
+        let now_ms = self.clock.now_ms();
+        let mut held = self.unreachable_until_ms.lock().expect("unreachable lock poisoned");
+        held.retain(|_, until| *until > now_ms);
+        if answered {
+            held.remove(&node);
+        } else {
+            held.insert(node, now_ms + UNREACHABLE_HOLD_MS);
+        }
+    }
+
+    /// Whether a failover's probe failed to reach `node` a moment ago.
+    pub(crate) fn recently_unreachable(&self, node: u64) -> bool {
+        let now_ms = self.clock.now_ms();
+        let held = self.unreachable_until_ms.lock().expect("unreachable lock poisoned");
+        held.get(&node).is_some_and(|until| *until > now_ms)
     }
 
     /// Fences the copies on `nodes`; where each that answered ends.

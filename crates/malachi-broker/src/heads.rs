@@ -327,7 +327,8 @@ impl Broker {
 
     /// The replicas of a segment about to be created, for `object` (what the command creates:
     /// a topic's name, a range and a time): `MALACHI_LOG_REPLICATION_FACTOR` of the brokers
-    /// membership holds alive (fewer when fewer are alive: a broker alone keeps one copy),
+    /// membership holds alive and no failover found out of reach a moment ago (fewer when
+    /// fewer are: a broker alone keeps one copy),
     /// chosen by rendezvous hashing and spread by the placement constraints. The first is the
     /// primary. Hard constraints that cannot be met refuse (`placement_unmet`).
     pub(crate) fn segment_replicas(&self, object: &[u8]) -> Result<Vec<u64>, LogError> {
@@ -336,7 +337,10 @@ impl Broker {
             .brokers
             .into_iter()
             .filter(|broker| {
-                broker.status == PeerStatus::Alive && self.takes_new_work(broker.record.node_id)
+                let node_id = broker.record.node_id;
+                broker.status == PeerStatus::Alive
+                    && self.takes_new_work(node_id)
+                    && !self.recently_unreachable(node_id)
             })
             .map(|broker| Candidate {
                 broker_id: broker.record.node_id,

@@ -150,6 +150,10 @@ pub struct Broker {
     pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
     /// When this broker last asked the vnode's leader to roll each range.
     pub(crate) roll_asked_ms: Mutex<std::collections::BTreeMap<(u64, u32), u64>>,
+    /// Brokers a failover's probe could not reach, until when (ms): kept out of new segments'
+    /// replica sets while membership has yet to call them dead, so the segment that replaces
+    /// a dead primary's head does not go to it again.
+    pub(crate) unreachable_until_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     pub(crate) members: Mutex<Members>,
     /// When this broker last handed each vnode's leadership over, by group id (`seats.rs`).
     pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
@@ -290,6 +294,7 @@ impl Broker {
             cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
             rolling: Mutex::new(BTreeSet::new()),
             roll_asked_ms: Mutex::new(Default::default()),
+            unreachable_until_ms: Mutex::new(Default::default()),
             members: Mutex::new(Members::default()),
             leadership_moved_ms: Mutex::new(Default::default()),
             statuses: Mutex::new(Default::default()),

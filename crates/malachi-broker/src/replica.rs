@@ -93,16 +93,7 @@ impl Head {
         now_ms: u64,
     ) -> Result<(AppendTicket, Vec<Action>), AppendError> {
         let mut state = self.lock();
-        if state.machine.writable() && segment.staged_end() != state.machine.staged_end() {
-            // This copy lost records it had staged and shipped (a failed write or sync reopened
-            // it from the disk): the followers may hold records it no longer has, and staging
-            // others at those offsets would make the copies differ. It takes nothing more;
-            // failover decides where it ends.
-            tracing::warn!(key = ?self.key, copy_end = segment.staged_end(),
-                staged_end = state.machine.staged_end(), "the primary's copy lost staged records");
-            state.lost = true;
-            state.machine.fence();
-        }
+        self.check_copy(&mut state, segment);
         if !state.machine.writable() {
             // No quorum was reached for an earlier batch: the head waits for its seal.
             return Err(AppendError::Sealed { end_offset: state.machine.acked_end() });
@@ -112,6 +103,26 @@ impl Head {
         state.machine.staged(ticket.first_offset, ticket.end_offset, bytes, now_ms);
         state.batches.insert(ticket.first_offset, Arc::from(records));
         Ok((ticket, state.take()))
+    }
+
+    /// Whether this broker's copy lost records it had staged and shipped (a failed write or
+    /// sync reopened it from the disk): the followers may hold records it no longer has, and
+    /// staging others at those offsets, or sealing it short, would make the copies differ. Such
+    /// a head takes nothing more and is marked lost; failover decides where it ends.
+    fn check_copy(&self, state: &mut HeadState, segment: &Segment) -> bool {
+        if !state.lost && segment.staged_end() != state.machine.staged_end() {
+            tracing::warn!(key = ?self.key, copy_end = segment.staged_end(),
+                staged_end = state.machine.staged_end(), "the primary's copy lost staged records");
+            state.lost = true;
+            state.machine.fence();
+        }
+        state.lost
+    }
+
+    /// [`Head::check_copy`] under the head's lock.
+    pub(crate) fn copy_lost(&self, segment: &Segment) -> bool {
+        let mut state = self.lock();
+        self.check_copy(&mut state, segment)
     }
 
     /// Feeds the machine one event and returns what it asks for.
@@ -339,7 +350,7 @@ impl Broker {
         let ticket = match ticket {
             Ok(ticket) => ticket,
             Err(error) => {
-                self.after_failed_stage(&head);
+                self.after_local_failure(&head);
                 return Err(ReplicatedAppendError::Append(error));
             }
         };
@@ -349,9 +360,10 @@ impl Broker {
         Ok(ticket)
     }
 
-    /// After a batch could not be staged or synced here: what the machine asks for is done,
-    /// and a head whose copy lost staged records is handed to failover, as after a restart.
-    fn after_failed_stage(&self, head: &Arc<Head>) {
+    /// After a batch could not be staged or synced here, or a seal found the copy short: what
+    /// the machine asks for is done, and a head whose copy lost staged records is handed to
+    /// failover, as after a restart.
+    pub(crate) fn after_local_failure(&self, head: &Arc<Head>) {
         let (actions, lost) = {
             let mut state = head.lock();
             (state.take(), state.lost)

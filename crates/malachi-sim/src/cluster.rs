@@ -601,7 +601,8 @@ impl ClusterWorld {
             for &node_id in &sealed.settled_on {
                 let node = &self.nodes[node_id as usize - 1];
                 let dir = range_dir(&node.data_dir, sealed.key);
-                let report = malachi_log::verify_segment(&node.storage, &dir, sealed.key.segment_id);
+                let report =
+                    malachi_log::verify_segment(&node.storage, &dir, sealed.key.segment_id);
                 let intact = report.is_ok_and(|report| {
                     report.bad_frames.is_empty()
                         && report.sealed.is_some_and(|seal| seal.data_bytes == sealed.data_bytes)

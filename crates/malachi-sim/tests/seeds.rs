@@ -155,6 +155,23 @@ fn cluster_seeds_pass() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Cluster seeds run with the replication faults (storage faults on any broker, damaged sealed
+/// copies, healing awaited, settled copies compared); 0, 3 and 8 found bugs (docs/testing.md).
+const REPLICA_FAULT_SEEDS: &[u64] = &[0, 1, 3, 8];
+
+#[test]
+fn replica_fault_seeds_pass() {
+    let mut failures = Vec::new();
+    for &seed in REPLICA_FAULT_SEEDS {
+        let outcome =
+            run_cluster(&ClusterOptions { replica_faults: true, ..ClusterOptions::new(seed) });
+        if !outcome.passed() {
+            failures.push(format!("{} --replica-faults", fail_with_cluster(&outcome)));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn a_cluster_seed_replays_to_the_same_trace() {
     let first = run_cluster(&ClusterOptions::new(5));

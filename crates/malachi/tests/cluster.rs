@@ -6,7 +6,10 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{BrokerProcess, free_port, leader_of, vnodes_led};
@@ -455,11 +458,105 @@ async fn a_broker_of_another_cluster_cannot_join() {
 
 /// Producers through every broker while the vnode leader is killed and restarted: every
 /// acknowledged record is read back through every broker, each key in acknowledgement order.
+/// Producers writing keyed batches (4 keys each, a sequence per key) through real brokers,
+/// recording what was acknowledged and when.
+struct Load {
+    acked: Arc<Mutex<BTreeMap<String, Vec<u64>>>>,
+    acked_at: Arc<Mutex<Vec<Instant>>>,
+    stop: Arc<AtomicBool>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// `count` producers, producer `i` writing to `topics[i % topics.len()]` through the broker
+    /// on `ports[i % ports.len()]`, reconnecting after a failure (its broker may be killed).
+    fn start(ports: &[u16], topics: &[&str], count: usize) -> Load {
+        let load = Load {
+            acked: Arc::default(),
+            acked_at: Arc::default(),
+            stop: Arc::default(),
+            producers: Vec::new(),
+        };
+        let producers = (0..count)
+            .map(|producer| {
+                let port = ports[producer % ports.len()];
+                let topic = topics[producer % topics.len()].to_string();
+                let (acked, acked_at) = (Arc::clone(&load.acked), Arc::clone(&load.acked_at));
+                let stop = Arc::clone(&load.stop);
+                tokio::spawn(async move {
+                    let mut client = common::connect(port, "admin", ADMIN_PASSWORD).await.unwrap();
+                    let keys: Vec<String> =
+                        (0..4).map(|k| format!("{topic}/p{producer}k{k}")).collect();
+                    for sequence in 0u64.. {
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let batch = keys
+                            .iter()
+                            .map(|key| {
+                                RecordBuilder::new(format!("{key}={sequence}")).key(key).build()
+                            })
+                            .collect();
+                        match client.produce(&topic, batch).await {
+                            Ok(_) => {
+                                let mut acked = acked.lock().unwrap();
+                                for key in &keys {
+                                    acked.entry(key.clone()).or_default().push(sequence);
+                                }
+                                acked_at.lock().unwrap().push(Instant::now());
+                            }
+                            Err(_) => {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                if let Ok(fresh) =
+                                    common::connect(port, "admin", ADMIN_PASSWORD).await
+                                {
+                                    client = fresh;
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { producers, ..load }
+    }
+
+    /// Stops the producers; what each key had acknowledged, and when every acknowledgement
+    /// came, in order.
+    async fn stop(self) -> (BTreeMap<String, Vec<u64>>, Vec<Instant>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for producer in self.producers {
+            producer.await.unwrap();
+        }
+        let acked = self.acked.lock().unwrap().clone();
+        let mut acked_at = self.acked_at.lock().unwrap().clone();
+        acked_at.sort();
+        (acked, acked_at)
+    }
+}
+
+/// Every acknowledged record of `topics` is read back through `client`'s broker, each key's in
+/// the order it was produced.
+async fn assert_read_back(client: &Client, topics: &[&str], acked: &BTreeMap<String, Vec<u64>>) {
+    let mut read: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for topic in topics {
+        let (records, _) = common::drain(client, topic, None).await;
+        for record in records {
+            let value = common::value(&record);
+            let (key, sequence) = value.split_once('=').unwrap();
+            read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
+        }
+    }
+    for (key, sequences) in acked {
+        let got = read.get(key).cloned().unwrap_or_default();
+        assert!(got.windows(2).all(|pair| pair[0] < pair[1]), "{key}: out of order {got:?}");
+        let missing: Vec<&u64> = sequences.iter().filter(|s| !got.contains(s)).collect();
+        assert!(missing.is_empty(), "{key}: acknowledged and lost {missing:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_under_load_loses_no_acknowledged_record() {
-    use std::collections::BTreeMap;
-    use std::sync::{Arc, Mutex};
-
     let dir = tempfile::tempdir().unwrap();
     let mut members = start_cluster(dir.path(), 3);
     let mut clients = Vec::new();
@@ -468,45 +565,12 @@ async fn kill_under_load_loses_no_acknowledged_record() {
     }
     // Topics created through each broker; placement spreads their segments, so the kill takes
     // some of their data with it until the broker is back.
-    for (i, client) in clients.iter().enumerate() {
-        client.create_topic_with_ranges(&format!("load{}", i + 1), 4).await.unwrap();
+    let topics = ["load1", "load2", "load3"];
+    for (client, topic) in clients.iter().zip(topics) {
+        client.create_topic_with_ranges(topic, 4).await.unwrap();
     }
     let ports: Vec<u16> = members.iter().map(|member| member.process.port).collect();
-    let acked: Arc<Mutex<BTreeMap<String, Vec<u64>>>> = Arc::default();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut producers = Vec::new();
-    for producer in 0..6usize {
-        let (acked, stop, port) = (Arc::clone(&acked), Arc::clone(&stop), ports[producer % 3]);
-        producers.push(tokio::spawn(async move {
-            let mut client = common::connect(port, "admin", ADMIN_PASSWORD).await.unwrap();
-            let topic = format!("load{}", producer % 3 + 1);
-            let keys: Vec<String> = (0..4).map(|k| format!("{topic}/p{producer}k{k}")).collect();
-            for sequence in 0u64.. {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    return;
-                }
-                let batch = keys
-                    .iter()
-                    .map(|key| RecordBuilder::new(format!("{key}={sequence}")).key(key).build())
-                    .collect();
-                match client.produce(&topic, batch).await {
-                    Ok(_) => {
-                        let mut acked = acked.lock().unwrap();
-                        for key in &keys {
-                            acked.entry(key.clone()).or_default().push(sequence);
-                        }
-                    }
-                    Err(_) => {
-                        // Its broker may be the one killed: reconnect (to it, once back).
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        if let Ok(fresh) = common::connect(port, "admin", ADMIN_PASSWORD).await {
-                            client = fresh;
-                        }
-                    }
-                }
-            }
-        }));
-    }
+    let load = Load::start(&ports, &topics, 6);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The leader of load1's vnode dies (and, with it, the vnodes it leads besides).
     let status = clients[0].cluster_status().await.unwrap();
@@ -516,32 +580,190 @@ async fn kill_under_load_loses_no_acknowledged_record() {
     members[leader].start();
     members[leader].admin().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for producer in producers {
-        producer.await.unwrap();
-    }
-    let acked = acked.lock().unwrap().clone();
+    let (acked, _) = load.stop().await;
     let total: usize = acked.values().map(Vec::len).sum();
     assert!(total > 0, "nothing was acknowledged");
     for member in &members {
-        let client = member.admin().await;
-        let mut read: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for topic in ["load1", "load2", "load3"] {
-            let (records, _) = common::drain(&client, topic, None).await;
-            for record in records {
-                let value = common::value(&record);
-                let (key, sequence) = value.split_once('=').unwrap();
-                read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
-            }
-        }
-        for (key, sequences) in &acked {
-            let got = read.get(key).cloned().unwrap_or_default();
-            assert!(got.windows(2).all(|pair| pair[0] < pair[1]), "{key}: out of order {got:?}");
-            let missing: Vec<&u64> = sequences.iter().filter(|s| !got.contains(s)).collect();
-            assert!(missing.is_empty(), "{key}: acknowledged and lost {missing:?}");
-        }
+        assert_read_back(&member.admin().await, &topics, &acked).await;
     }
     eprintln!("{total} acknowledged records across a kill of broker {}, all read back", leader + 1);
+}
+
+/// The primary of a replicated head is killed with SIGKILL under load and stays down: the
+/// head is sealed by failover from the two surviving copies, the range rolls to a new segment
+/// on the survivors, producers (connected to the survivors) are acknowledged again, and every
+/// acknowledged record is read back in order through both survivors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_primary_under_load_loses_nothing_and_produce_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_cluster(dir.path(), 3);
+    let client = members[0].admin().await;
+    for node_id in 1..=3 {
+        status_becomes(&client, node_id, 0).await;
+    }
+    eventually("the topic is created", || async {
+        client.create_topic("primary").await.map_err(|error| error.to_string())
+    })
+    .await;
+    client.produce("primary", vec![RecordBuilder::new("warm=0").build()]).await.unwrap();
+    let described = client.describe_segments("primary").await.unwrap();
+    let primary = described.segments[0].copies[0].node_id as usize - 1;
+    let survivors: Vec<usize> = (0..3).filter(|&at| at != primary).collect();
+    let ports: Vec<u16> = survivors.iter().map(|&at| members[at].process.port).collect();
+    let load = Load::start(&ports, &["primary"], 4);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let killed_at = Instant::now();
+    members[primary].kill();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let (acked, acked_at) = load.stop().await;
+    let after: Vec<&Instant> = acked_at.iter().filter(|at| **at > killed_at).collect();
+    assert!(after.len() > 10, "produce did not resume after the primary died: {}", after.len());
+    // The longest the producers went without an acknowledgement from the kill on.
+    let from_kill = acked_at.iter().filter(|at| **at <= killed_at).max().unwrap_or(&killed_at);
+    let stall = std::iter::once(from_kill)
+        .chain(after.iter().copied())
+        .collect::<Vec<_>>()
+        .windows(2)
+        .map(|pair| pair[1].duration_since(*pair[0]))
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "primary broker {} killed: {} acknowledgements before, {} after, stall {stall:?}",
+        primary + 1,
+        acked_at.len() - after.len(),
+        after.len()
+    );
+    for &at in &survivors {
+        assert_read_back(&members[at].admin().await, &["primary"], &acked).await;
+    }
+    let survivor = members[survivors[0]].admin().await;
+    let described = survivor.describe_segments("primary").await.unwrap();
+    let first = &described.segments[0];
+    assert_eq!(first.state, SegmentState::Sealed, "the dead primary's head is sealed: {first:?}");
+    let head = described.segments.last().unwrap();
+    let dead = primary as u64 + 1;
+    assert!(head.copies.iter().all(|copy| copy.node_id != dead), "new head on the dead: {head:?}");
+}
+
+/// The file of `segment_id` under a broker's data directory (topics/<topic>/<range>/).
+fn segment_file(data_dir: &std::path::Path, segment_id: u64) -> Option<std::path::PathBuf> {
+    let name = format!("{segment_id:020}.seg");
+    for topic in std::fs::read_dir(data_dir.join("topics")).ok()? {
+        for range in std::fs::read_dir(topic.ok()?.path()).ok()? {
+            let path = range.ok()?.path().join(&name);
+            if path.exists() {
+                return Some(path);
+            }
+        }
+    }
+    None
+}
+
+/// Whether the file of a sealed copy verifies: every frame's checksum and the seal at
+/// `data_bytes`.
+fn copy_verifies(path: &std::path::Path, segment_id: u64, data_bytes: u64) -> Result<(), String> {
+    let dir = path.parent().expect("a range directory");
+    let storage = malachi_log::RealStorage;
+    let report =
+        malachi_log::verify_segment(&storage, dir, segment_id).map_err(|e| e.to_string())?;
+    let sealed_at = report.sealed.map(|seal| seal.data_bytes);
+    if report.bad_frames.is_empty() && sealed_at == Some(data_bytes) {
+        Ok(())
+    } else {
+        Err(format!("{} bad frames, sealed at {sealed_at:?}", report.bad_frames.len()))
+    }
+}
+
+/// Sealed segments of a replicated topic whose copies a follower loses on disk (its file
+/// deleted, cut in half, a byte flipped): the scrubber finds each and rebuilds it from a copy
+/// that verifies, metadata records it settled again, and every record reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_follower_copies_are_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [
+        ("MALACHI_SEGMENT_MAX_BYTES", "4096"),
+        ("MALACHI_AUTO_SPLIT_ENABLED", "false"),
+        ("MALACHI_SCRUB_ENABLED", "true"),
+        ("MALACHI_SCRUB_INTERVAL_MS", "200"),
+        ("MALACHI_SCRUB_SEGMENTS_PER_TICK", "4"),
+    ];
+    let members = start_cluster_with(dir.path(), 3, &settings);
+    let client = members[0].admin().await;
+    for node_id in 1..=3 {
+        status_becomes(&client, node_id, 0).await;
+    }
+    eventually("the topic is created", || async {
+        client.create_topic("damage").await.map_err(|error| error.to_string())
+    })
+    .await;
+    let mut produced = 0;
+    for batch in 0..30 {
+        let records: Vec<_> = (0..10)
+            .map(|n| RecordBuilder::new(format!("b{batch}-r{n}-{}", "x".repeat(80))).build())
+            .collect();
+        produced += client.produce("damage", records).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let settled = loop {
+        let described = client.describe_segments("damage").await.unwrap();
+        let settled: Vec<_> = described
+            .segments
+            .into_iter()
+            .filter(|segment| {
+                segment.state == SegmentState::Sealed
+                    && segment.copies.len() == 3
+                    && segment.copies.iter().all(|copy| copy.settled)
+            })
+            .collect();
+        if settled.len() >= 3 {
+            break settled;
+        }
+        assert!(Instant::now() < deadline, "three sealed segments never settled: {settled:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let data_dir = |node_id: u64| dir.path().join(format!("n{node_id}")).join("data");
+    let mut damaged = Vec::new();
+    for (segment, how) in settled.iter().zip(["delete", "truncate", "flip"]) {
+        let follower = segment.copies[1].node_id;
+        let path = segment_file(&data_dir(follower), segment.segment_id).expect("the copy's file");
+        let length = std::fs::metadata(&path).unwrap().len();
+        match how {
+            "delete" => std::fs::remove_file(&path).unwrap(),
+            "truncate" => std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_len(length / 2)
+                .unwrap(),
+            _ => {
+                let mut bytes = std::fs::read(&path).unwrap();
+                bytes[length as usize / 2] ^= 0x40;
+                std::fs::write(&path, bytes).unwrap();
+            }
+        }
+        eprintln!("{how}: broker {follower}'s copy of segment {}", segment.segment_id);
+        damaged.push((segment.segment_id, segment.data_bytes, follower, path));
+    }
+    for (segment_id, data_bytes, follower, path) in &damaged {
+        eventually_within(
+            &format!("broker {follower}'s copy of {segment_id} rebuilt"),
+            60,
+            || async {
+                copy_verifies(path, *segment_id, *data_bytes)?;
+                let described =
+                    client.describe_segments("damage").await.map_err(|e| e.to_string())?;
+                let segment = described.segments.iter().find(|s| s.segment_id == *segment_id);
+                let settled = segment.is_some_and(|s| s.copies.iter().all(|copy| copy.settled));
+                if settled { Ok(()) } else { Err(format!("not settled: {segment:?}")) }
+            },
+        )
+        .await;
+    }
+    for member in &members {
+        let (records, _) = common::drain(&member.admin().await, "damage", None).await;
+        assert_eq!(records.len(), produced as usize, "every record reads back");
+    }
 }
 
 /// The vnode's leader coordinates for every broker: heads held anywhere roll when they fill, a

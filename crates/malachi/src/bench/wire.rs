@@ -109,6 +109,9 @@ pub(super) struct Figures {
     /// `ack_p50_us / round_trip_p50_us`.
     ack_to_round_trip_p50: f64,
     retried_errors: u64,
+    /// The longest any producing connection went without an acknowledgement (from the start
+    /// of the load or its last one), retries included: the stall a failover costs.
+    longest_ack_gap_ms: u64,
     /// Ranges over all topics of this run (0: an existing topic, as it was).
     ranges: u32,
     topics: u32,
@@ -128,6 +131,7 @@ struct Tally {
     bytes: u64,
     latencies: Latencies,
     retried_errors: u64,
+    longest_ack_gap_us: u64,
 }
 
 /// Round trips measured for the floor.
@@ -349,6 +353,7 @@ impl Load {
     async fn produce(self, client: Client) -> Result<Tally, ClientError> {
         let mut tally = Tally::default();
         let mut sequence = self.key_offset;
+        let mut last_ack = Instant::now();
         while Instant::now() < self.deadline {
             let timestamp_ms = now_ms();
             let records: Vec<Record> = (0..self.batch)
@@ -362,6 +367,9 @@ impl Load {
             match client.produce(&self.topic, records).await {
                 Ok(count) => {
                     tally.latencies.record_us(micros(sent.elapsed()));
+                    tally.longest_ack_gap_us =
+                        tally.longest_ack_gap_us.max(micros(last_ack.elapsed()));
+                    last_ack = Instant::now();
                     tally.requests += 1;
                     tally.records += u64::from(count);
                     tally.bytes += bytes;
@@ -427,6 +435,7 @@ async fn gather(mut tasks: JoinSet<Result<Tally, ClientError>>) -> Result<Tally,
         total.records += tally.records;
         total.bytes += tally.bytes;
         total.retried_errors += tally.retried_errors;
+        total.longest_ack_gap_us = total.longest_ack_gap_us.max(tally.longest_ack_gap_us);
         total.latencies.merge(tally.latencies);
     }
     Ok(total)
@@ -464,6 +473,7 @@ fn figures(
         round_trip_p99_us: floor.percentile_us(0.99),
         ack_to_round_trip_p50: ratio(ack_p50_us, round_trip_p50_us),
         retried_errors: produced.retried_errors + consumed.retried_errors,
+        longest_ack_gap_ms: produced.longest_ack_gap_us / 1_000,
         ranges: 0,
         topics: 1,
         produce_requests: produced.requests,
@@ -514,11 +524,12 @@ fn print_text(args: &WireArgs, figures: &Figures) {
     }
     println!(
         "floor     round trip p50/p99 {}/{} us (ack p50 / round trip p50: {:.1}); \
-         {} retried errors",
+         {} retried errors; longest without an ack {} ms",
         figures.round_trip_p50_us,
         figures.round_trip_p99_us,
         figures.ack_to_round_trip_p50,
-        figures.retried_errors
+        figures.retried_errors,
+        figures.longest_ack_gap_ms
     );
 }
 
