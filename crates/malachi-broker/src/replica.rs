@@ -39,7 +39,6 @@ use crate::remote::{self, Reader};
 /// How long a follower waits for the batches before one that arrived early (calls are handled
 /// concurrently) before it refuses it with its end.
 const GAP_WAIT_MS: u64 = 200;
-const GAP_POLL_MS: u64 = 5;
 /// How long after a failed ship a follower is tried again.
 const RETRY_MS: u64 = 200;
 /// Records in one span shipped from the file.
@@ -168,6 +167,8 @@ pub(crate) struct Replication {
     copies: Mutex<BTreeMap<SegmentKey, Copy>>,
     /// Serialises the staging of one follower copy (check where it ends, then stage).
     copy_gates: Mutex<BTreeMap<SegmentKey, Arc<Mutex<()>>>>,
+    /// Signalled by every batch staged in a follower copy: batches that arrived early wait on it.
+    copy_staged: Mutex<BTreeMap<SegmentKey, watch::Sender<()>>>,
     /// Serialises the fills of one copy: two failovers of a segment at once (the primary's
     /// and the coordinator's) must not both copy the same missing records into it.
     fill_gates: Mutex<BTreeMap<SegmentKey, Arc<tokio::sync::Mutex<()>>>>,
@@ -192,6 +193,7 @@ impl Replication {
         self.heads.lock().expect("heads lock poisoned").remove(&key);
         self.copies.lock().expect("copies lock poisoned").remove(&key);
         self.copy_gates.lock().expect("copy gates lock poisoned").remove(&key);
+        self.copy_staged.lock().expect("copy staged lock poisoned").remove(&key);
         self.fill_gates.lock().expect("fill gates lock poisoned").remove(&key);
         self.recovered.lock().expect("recovered lock poisoned").remove(&key);
     }
@@ -204,6 +206,14 @@ impl Replication {
     pub(crate) fn fill_gate(&self, key: SegmentKey) -> Arc<tokio::sync::Mutex<()>> {
         let mut gates = self.fill_gates.lock().expect("fill gates lock poisoned");
         Arc::clone(gates.entry(key).or_default())
+    }
+
+    /// The signal of batches staged in the follower copy of `key`, and a receiver of it that
+    /// has seen every earlier batch.
+    fn copy_staged(&self, key: SegmentKey) -> (watch::Sender<()>, watch::Receiver<()>) {
+        let mut signals = self.copy_staged.lock().expect("copy staged lock poisoned");
+        let signal = signals.entry(key).or_insert_with(|| watch::channel(()).0);
+        (signal.clone(), signal.subscribe())
     }
 
     fn copy_gate(&self, key: SegmentKey) -> Arc<Mutex<()>> {
@@ -517,38 +527,61 @@ impl Broker {
             None => return Err(LogError::NoSuchTopic),
         }
         let segment = self.segment(key).await?;
-        let end = start + records.len() as u64;
+        match self.stage_in_order(&segment, key, start, Arc::from(records)).await {
+            Ok(Some(durable)) => Ok(Shipped::Durable(durable)),
+            Err(AppendError::Sealed { .. }) => Ok(Shipped::Fenced),
+            Err(error) => Err(crate::data::DataError::Append(error).into()),
+            // The batches before it never came: the primary ships again from this copy's end.
+            Ok(None) => Ok(Shipped::Refused(segment.durable_offset())),
+        }
+    }
+
+    /// Stages a shipped batch in this broker's copy once the copy reaches its start (calls
+    /// are handled concurrently, so the batches before it may still be on their way) and
+    /// waits until it is durable, in one blocking call; the copy's durable end. Woken by every
+    /// batch staged in the copy, never by polling. `None` when the batches before it did not
+    /// come within [`GAP_WAIT_MS`], or the copy was forgotten.
+    async fn stage_in_order(
+        &self,
+        segment: &Arc<Segment>,
+        key: SegmentKey,
+        start: u64,
+        records: Arc<[Record]>,
+    ) -> Result<Option<u64>, AppendError> {
+        let (signal, mut staged) = self.replication.copy_staged(key);
         let gate = self.replication.copy_gate(key);
-        let mut waited_ms = 0;
-        let ticket = loop {
-            let (staging, gate, records) =
-                (Arc::clone(&segment), Arc::clone(&gate), records.clone());
-            let staged = self
-                .data
-                .run(move || {
-                    let _gate = gate.lock().expect("copy gate poisoned");
-                    stage_copy(&staging, start, &records)
-                })
-                .await;
-            match staged {
-                Err(AppendError::Sealed { .. }) => return Ok(Shipped::Fenced),
-                Err(error) => return Err(crate::data::DataError::Append(error).into()),
-                Ok(Some(ticket)) => break ticket,
-                Ok(None) if waited_ms < GAP_WAIT_MS => {
-                    // The batches before this one are still on their way: wait for them.
-                    tokio::time::sleep(Duration::from_millis(GAP_POLL_MS)).await;
-                    waited_ms += GAP_POLL_MS;
+        let deadline_ms = self.clock.now_ms() + GAP_WAIT_MS;
+        loop {
+            if start <= segment.staged_end() {
+                let (staging, gate, records) =
+                    (Arc::clone(segment), Arc::clone(&gate), Arc::clone(&records));
+                let signal = signal.clone();
+                let ticket = self
+                    .data
+                    .run(move || {
+                        let gate = gate.lock().expect("copy gate poisoned");
+                        let Some(ticket) = stage_copy(&staging, start, &records)? else {
+                            return Ok(None);
+                        };
+                        drop(gate);
+                        // Inside the blocking work, so a caller that stopped waiting still
+                        // wakes the batches behind this one.
+                        signal.send_modify(|_| ());
+                        staging.wait_durable(ticket)?;
+                        Ok::<_, AppendError>(Some(staging.durable_offset()))
+                    })
+                    .await?;
+                if ticket.is_some() {
+                    return Ok(ticket);
                 }
-                Ok(None) => return Ok(Shipped::Refused(segment.durable_offset())),
             }
-        };
-        let waiting = Arc::clone(&segment);
-        self.data
-            .run(move || waiting.wait_durable(ticket))
-            .await
-            .map_err(|error| LogError::from(crate::data::DataError::Append(error)))?;
-        debug_assert!(segment.durable_offset() >= end.min(ticket.end_offset));
-        Ok(Shipped::Durable(segment.durable_offset()))
+            let left_ms = deadline_ms.saturating_sub(self.clock.now_ms());
+            let woken =
+                tokio::time::timeout(Duration::from_millis(left_ms), staged.changed()).await;
+            if !matches!(woken, Ok(Ok(()))) {
+                return Ok(None);
+            }
+        }
     }
 
     /// The quorum-durable end of active segment `key` as this broker knows it: the primary's
