@@ -118,6 +118,24 @@ async fn produce_and_read_back(client: &Client, topic: &str, records: u32) {
     assert_eq!(read.len(), records as usize, "{topic}");
 }
 
+/// Creates `topic` with `ranges` ranges. Right after the start a vnode may have no leader yet
+/// (`metadata_unavailable`, retryable): retried as a client would, an earlier attempt that did
+/// create it counting.
+async fn create_topic(client: &Client, topic: &str, ranges: u32) {
+    eventually(&format!("{topic} is created"), || async {
+        let created = match ranges {
+            1 => client.create_topic(topic).await,
+            _ => client.create_topic_with_ranges(topic, ranges).await,
+        };
+        match created {
+            Ok(_) => Ok(()),
+            Err(error) if format!("{error:?}").contains("topic_exists") => Ok(()),
+            Err(error) => Err(format!("{error:?}")),
+        }
+    })
+    .await;
+}
+
 /// `count` brokers under `dir`: the first starts the cluster, the others join through it.
 fn start_cluster(dir: &std::path::Path, count: usize) -> Vec<Member> {
     start_cluster_with(dir, count, &[])
@@ -175,16 +193,7 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     // Every broker writes metadata and data of its own, and every broker reads all of it.
     for (i, client) in clients.iter().enumerate() {
         let topic = format!("t{}", i + 1);
-        // Right after the start a vnode may have no leader yet (`metadata_unavailable`,
-        // retryable): retried as a client would, an earlier attempt that did create it counts.
-        eventually("the topic is created", || async {
-            match client.create_topic(&topic).await {
-                Ok(_) => Ok(()),
-                Err(error) if format!("{error:?}").contains("topic_exists") => Ok(()),
-                Err(error) => Err(format!("{error:?}")),
-            }
-        })
-        .await;
+        create_topic(client, &topic, 1).await;
         produce_and_read_back(client, &topic, 20).await;
         client
             .create_user(&format!("user{}", i + 1), "user-password-1", &["consume"])
@@ -567,7 +576,7 @@ async fn kill_under_load_loses_no_acknowledged_record() {
     // some of their data with it until the broker is back.
     let topics = ["load1", "load2", "load3"];
     for (client, topic) in clients.iter().zip(topics) {
-        client.create_topic_with_ranges(topic, 4).await.unwrap();
+        create_topic(client, topic, 4).await;
     }
     let ports: Vec<u16> = members.iter().map(|member| member.process.port).collect();
     let load = Load::start(&ports, &topics, 6);
@@ -601,10 +610,7 @@ async fn killing_a_primary_under_load_loses_nothing_and_produce_resumes() {
     for node_id in 1..=3 {
         status_becomes(&client, node_id, 0).await;
     }
-    eventually("the topic is created", || async {
-        client.create_topic("primary").await.map_err(|error| error.to_string())
-    })
-    .await;
+    create_topic(&client, "primary", 1).await;
     client.produce("primary", vec![RecordBuilder::new("warm=0").build()]).await.unwrap();
     let described = client.describe_segments("primary").await.unwrap();
     let primary = described.segments[0].copies[0].node_id as usize - 1;
@@ -692,10 +698,7 @@ async fn damaged_follower_copies_are_rebuilt() {
     for node_id in 1..=3 {
         status_becomes(&client, node_id, 0).await;
     }
-    eventually("the topic is created", || async {
-        client.create_topic("damage").await.map_err(|error| error.to_string())
-    })
-    .await;
+    create_topic(&client, "damage", 1).await;
     let mut produced = 0;
     for batch in 0..30 {
         let records: Vec<_> = (0..10)
