@@ -323,7 +323,11 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// Appends `records` to `out`: a count, the records, and a CRC32C of both, so that a record
+/// damaged between brokers (forwarded, shipped to a follower, copied by a fill or a rebuild) is
+/// refused, never written with a checksum of its own over the wrong bytes.
 pub(crate) fn encode_records(records: &[Record], out: &mut Vec<u8>) {
+    let from = out.len();
     let count = u32::try_from(records.len()).expect("batches are bounded far below 4 G records");
     out.extend_from_slice(&count.to_le_bytes());
     for record in records {
@@ -339,9 +343,20 @@ pub(crate) fn encode_records(records: &[Record], out: &mut Vec<u8>) {
             put_bytes(out, value);
         }
     }
+    let checksum = crc32c::crc32c(&out[from..]);
+    out.extend_from_slice(&checksum.to_le_bytes());
 }
 
+/// Reads what [`encode_records`] wrote: the rest of `reader`, its checksum checked first.
 pub(crate) fn decode_records(reader: &mut Reader<'_>) -> Result<Vec<Record>, String> {
+    let Some((body, checksum)) = reader.0.split_last_chunk::<4>() else {
+        return Err("truncated data call".to_string());
+    };
+    if crc32c::crc32c(body) != u32::from_le_bytes(*checksum) {
+        return Err("records damaged in transit (checksum mismatch)".to_string());
+    }
+    let mut reader = Reader(body);
+    let reader = &mut reader;
     let count = reader.u32()? as usize;
     // Every record takes at least 19 bytes: never reserve more than the payload can hold.
     let mut records = Vec::with_capacity(count.min(reader.0.len() / 19));
@@ -435,9 +450,15 @@ mod tests {
             let mut bytes = Vec::new();
             encode_records(&records, &mut bytes);
             prop_assert_eq!(decode_records(&mut Reader(&bytes)).unwrap(), records.clone());
-            // Every strict prefix is refused, never misread.
+            // Every strict prefix is refused, never misread, and so is every flipped bit.
             for cut in 0..bytes.len() {
                 prop_assert!(decode_records(&mut Reader(&bytes[..cut])).is_err());
+            }
+            for at in 0..bytes.len() {
+                let mut flipped = bytes.clone();
+                flipped[at] ^= 1 << (at % 8);
+                let refused = decode_records(&mut Reader(&flipped));
+                prop_assert!(refused.unwrap_err().contains("checksum"), "byte {} flipped", at);
             }
         }
     }
@@ -473,6 +494,9 @@ mod tests {
         };
         encode_records(&[record], &mut flagged);
         flagged[4] = 0x80;
+        let body = flagged.len() - 4;
+        let checksum = crc32c::crc32c(&flagged[..body]);
+        flagged[body..].copy_from_slice(&checksum.to_le_bytes());
         assert!(decode_records(&mut Reader(&flagged)).unwrap_err().contains("flags"));
     }
 }
