@@ -18,14 +18,17 @@
 //! 2. *fence* the answering copies: each refuses its primary's appends from then on, also
 //!    after a restart (a durable marker), and reports its durable end. A primary still alive
 //!    finds no quorum: every follower it reaches refuses it.
-//! 3. the seal point L is the highest fenced end; copies short of L are *filled* from one at L
-//!    (fills pass the fence), then every copy at L is *sealed* there, and only then is L
-//!    returned for metadata to record. Every sealed copy is byte-identical: the same records
-//!    at the same offsets, encoded the same way, with the same trailer.
+//! 3. the seal point L is the highest fenced end, or, when an earlier seal already sealed
+//!    some copies, the end they were sealed at (see [`seal_point`]); copies short of L are
+//!    *filled* from one at L (fills pass the fence), then every copy at L is *sealed* there,
+//!    and only then is L returned for metadata to record. Every sealed copy holds the same
+//!    records at the same offsets, encoded the same way, with the same trailer (each frame's
+//!    batch-start mark and its checksum aside: they mark the copy's own writes).
 //!
 //! A copy that could not be filled or sealed, or that did not answer, is left for healing to
 //! settle or replace.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -163,7 +166,7 @@ impl Broker {
         enough("are fenced", fenced.len())?;
         let seal_end = match self.canaries.promote_follower {
             true => promoted_end(&fenced, replicas[0]),
-            false => fenced.iter().map(|copy| copy.end_offset).max().expect("some copy answered"),
+            false => seal_point(&fenced),
         };
         let source = fenced
             .iter()
@@ -513,6 +516,26 @@ fn decode_copy_end(node_id: u64, answer: &[u8]) -> Result<CopyEnd, LogError> {
 
 /// The promote-follower canary's end: the copy of the follower furthest behind, as an unlucky
 /// election would promote it (the primary's own copy when no follower answered).
+/// Where a failover seals, given the fenced copies (at least one). Copies an earlier seal
+/// already sealed decide it when there are any: each was sealed at or past every acknowledged
+/// record (a primary drains at its staged end, a failover at the highest end of `n - q + 1`
+/// fenced copies), and a sealed copy can be neither filled nor cut, so a seal point elsewhere
+/// could never gather them (a failover whose seal metadata did not record, then a restarted
+/// primary with unacknowledged records past it, would leave the range unsealable). The end most
+/// sealed copies share wins, the higher on a tie. Without sealed copies: the highest fenced end,
+/// which covers every acknowledged record.
+fn seal_point(fenced: &[CopyEnd]) -> u64 {
+    let mut sealed_at: BTreeMap<u64, usize> = BTreeMap::new();
+    for copy in fenced.iter().filter(|copy| copy.sealed) {
+        *sealed_at.entry(copy.end_offset).or_default() += 1;
+    }
+    let agreed = sealed_at.into_iter().max_by_key(|&(end, copies)| (copies, end));
+    match agreed {
+        Some((end, _)) => end,
+        None => fenced.iter().map(|copy| copy.end_offset).max().expect("some copy answered"),
+    }
+}
+
 fn promoted_end(fenced: &[CopyEnd], primary: u64) -> u64 {
     let followers = fenced.iter().filter(|copy| copy.node_id != primary);
     let lowest = followers.map(|copy| copy.end_offset).min();
@@ -526,4 +549,33 @@ pub(crate) enum Write {
     Append,
     /// A fill, to a fenced copy.
     Fill,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(node_id: u64, end_offset: u64, sealed: bool) -> CopyEnd {
+        CopyEnd { node_id, end_offset, data_bytes: end_offset * 10, sealed }
+    }
+
+    #[test]
+    fn the_seal_point_is_the_highest_end_unless_copies_are_sealed() {
+        let cases: &[(&str, &[(u64, bool)], u64)] = &[
+            ("one copy", &[(5, false)], 5),
+            ("highest fenced end", &[(5, false), (9, false), (7, false)], 9),
+            ("a sealed copy decides", &[(140, false), (132, true), (132, true)], 132),
+            ("sealed below a longer unsealed one", &[(132, true), (150, false)], 132),
+            ("most sealed copies", &[(10, true), (12, true), (10, true)], 10),
+            ("the higher on a tie", &[(10, true), (12, true), (11, false)], 12),
+        ];
+        for (name, ends, expected) in cases {
+            let fenced: Vec<CopyEnd> = ends
+                .iter()
+                .enumerate()
+                .map(|(at, &(end, sealed))| copy(at as u64 + 1, end, sealed))
+                .collect();
+            assert_eq!(seal_point(&fenced), *expected, "{name}");
+        }
+    }
 }
