@@ -561,7 +561,9 @@ mod tests {
 
     #[test]
     fn the_seal_point_is_the_highest_end_unless_copies_are_sealed() {
-        let cases: &[(&str, &[(u64, bool)], u64)] = &[
+        // (case, each fenced copy's end and whether it is sealed, the seal point)
+        type Case = (&'static str, &'static [(u64, bool)], u64);
+        let cases: &[Case] = &[
             ("one copy", &[(5, false)], 5),
             ("highest fenced end", &[(5, false), (9, false), (7, false)], 9),
             ("a sealed copy decides", &[(140, false), (132, true), (132, true)], 132),
