@@ -615,13 +615,16 @@ impl ClusterWorld {
         damaged
     }
 
-    /// Sealed replicated segments with a replica whose copy is not settled, as a serving
-    /// broker's metadata says.
+    /// Sealed replicated segments (more than one replica) with a replica whose copy is not
+    /// settled, as a serving broker's metadata says.
     fn unsettled(&self) -> Unsettled {
         let Some(index) = self.serving() else { return Unsettled(None) };
         let Some(broker) = self.nodes[index].broker() else { return Unsettled(None) };
         let open: Vec<String> = sealed_segments(&broker)
             .into_iter()
+            // A segment with one copy (placed while one broker was live) has nothing to settle
+            // against: healing leaves it, as the damage it could not repair is never injected.
+            .filter(|sealed| sealed.replicas.len() > 1)
             .filter(|sealed| sealed.replicas.iter().any(|r| !sealed.settled_on.contains(r)))
             .map(|sealed| {
                 format!(
