@@ -394,7 +394,7 @@ impl DataPlane {
         key: SegmentKey,
         listed: impl FnOnce() -> Option<Listed>,
     ) -> Result<Opened, DataError> {
-        if let Some(segment) = self.peek(key) {
+        if let Some(segment) = self.usable(key) {
             return Ok(Opened { segment, fresh: false, report_created: false, created: false });
         }
         let gate = self.gate(key);
@@ -410,7 +410,7 @@ impl DataPlane {
         listed: impl FnOnce() -> Option<Listed>,
         held: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<Opened, DataError> {
-        if let Some(segment) = self.peek(key) {
+        if let Some(segment) = self.usable(key) {
             return Ok(Opened { segment, fresh: false, report_created: false, created: false });
         }
         let listed = listed().ok_or(DataError::Gone(key))?;
@@ -509,6 +509,18 @@ impl DataPlane {
             recoveries.pop_front();
         }
         recoveries.push_back((key, report));
+    }
+
+    /// The open handle of `key`, unless a failed write or sync poisoned it: that one is
+    /// forgotten, so whoever opens the segment next (a produce, a fence, a fill, a settle)
+    /// recovers it from the disk instead of failing on it.
+    fn usable(&self, key: SegmentKey) -> Option<Arc<Segment>> {
+        let segment = self.peek(key)?;
+        if segment.status().poisoned.is_none() {
+            return Some(segment);
+        }
+        self.evict_poisoned(key, &segment);
+        None
     }
 
     /// Forgets a segment whose write or sync failed, if `segment` is still the open handle, so

@@ -514,8 +514,6 @@ fn decode_copy_end(node_id: u64, answer: &[u8]) -> Result<CopyEnd, LogError> {
     }
 }
 
-/// The promote-follower canary's end: the copy of the follower furthest behind, as an unlucky
-/// election would promote it (the primary's own copy when no follower answered).
 /// Where a failover seals, given the fenced copies (at least one). Copies an earlier seal
 /// already sealed decide it when there are any: each was sealed at or past every acknowledged
 /// record (a primary drains at its staged end, a failover at the highest end of `n - q + 1`
@@ -536,6 +534,8 @@ fn seal_point(fenced: &[CopyEnd]) -> u64 {
     }
 }
 
+/// The promote-follower canary's end: the copy of the follower furthest behind, as an unlucky
+/// election would promote it (the primary's own copy when no follower answered).
 fn promoted_end(fenced: &[CopyEnd], primary: u64) -> u64 {
     let followers = fenced.iter().filter(|copy| copy.node_id != primary);
     let lowest = followers.map(|copy| copy.end_offset).min();

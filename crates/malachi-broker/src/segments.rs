@@ -21,20 +21,12 @@ impl Broker {
         self.read_meta(key.segment_id, |meta| listed_in(meta, key, self.node_id))
     }
 
-    /// The segment, opened (recovered, or created if it never was) as metadata says; a poisoned
-    /// handle is dropped and the file recovered afresh. A head
+    /// The segment, opened (recovered, or created if it never was) as metadata says. A head
     /// that recovery found damaged (it reports itself sealed) is rolled at once, so readers of
     /// its range meet the damage and the range takes writes again without waiting for a
     /// produce.
     pub(crate) async fn segment(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
         self.check_held_here(key)?;
-        if let Some(cached) = self.data.peek(key)
-            && cached.status().poisoned.is_some()
-        {
-            // A failed write or sync poisoned it: whoever uses it next (a fence, a fill, a
-            // settle) recovers it from the disk instead of failing on it until a produce would.
-            self.data.evict_poisoned(key, &cached);
-        }
         let opened = self.data.open(key, || self.listed(key)).await?;
         if opened.created {
             self.created_copy(key);

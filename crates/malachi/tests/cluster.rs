@@ -6,12 +6,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::load::{Load, assert_read_back};
 use common::{BrokerProcess, free_port, leader_of, vnodes_led};
 use malachi_client::{
     Client, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder, SegmentState,
@@ -467,103 +465,6 @@ async fn a_broker_of_another_cluster_cannot_join() {
 
 /// Producers through every broker while the vnode leader is killed and restarted: every
 /// acknowledged record is read back through every broker, each key in acknowledgement order.
-/// Producers writing keyed batches (4 keys each, a sequence per key) through real brokers,
-/// recording what was acknowledged and when.
-struct Load {
-    acked: Arc<Mutex<BTreeMap<String, Vec<u64>>>>,
-    acked_at: Arc<Mutex<Vec<Instant>>>,
-    stop: Arc<AtomicBool>,
-    producers: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    /// `count` producers, producer `i` writing to `topics[i % topics.len()]` through the broker
-    /// on `ports[i % ports.len()]`, reconnecting after a failure (its broker may be killed).
-    fn start(ports: &[u16], topics: &[&str], count: usize) -> Load {
-        let load = Load {
-            acked: Arc::default(),
-            acked_at: Arc::default(),
-            stop: Arc::default(),
-            producers: Vec::new(),
-        };
-        let producers = (0..count)
-            .map(|producer| {
-                let port = ports[producer % ports.len()];
-                let topic = topics[producer % topics.len()].to_string();
-                let (acked, acked_at) = (Arc::clone(&load.acked), Arc::clone(&load.acked_at));
-                let stop = Arc::clone(&load.stop);
-                tokio::spawn(async move {
-                    let mut client = common::connect(port, "admin", ADMIN_PASSWORD).await.unwrap();
-                    let keys: Vec<String> =
-                        (0..4).map(|k| format!("{topic}/p{producer}k{k}")).collect();
-                    for sequence in 0u64.. {
-                        if stop.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        let batch = keys
-                            .iter()
-                            .map(|key| {
-                                RecordBuilder::new(format!("{key}={sequence}")).key(key).build()
-                            })
-                            .collect();
-                        match client.produce(&topic, batch).await {
-                            Ok(_) => {
-                                let mut acked = acked.lock().unwrap();
-                                for key in &keys {
-                                    acked.entry(key.clone()).or_default().push(sequence);
-                                }
-                                acked_at.lock().unwrap().push(Instant::now());
-                            }
-                            Err(_) => {
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                                if let Ok(fresh) =
-                                    common::connect(port, "admin", ADMIN_PASSWORD).await
-                                {
-                                    client = fresh;
-                                }
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        Load { producers, ..load }
-    }
-
-    /// Stops the producers; what each key had acknowledged, and when every acknowledgement
-    /// came, in order.
-    async fn stop(self) -> (BTreeMap<String, Vec<u64>>, Vec<Instant>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for producer in self.producers {
-            producer.await.unwrap();
-        }
-        let acked = self.acked.lock().unwrap().clone();
-        let mut acked_at = self.acked_at.lock().unwrap().clone();
-        acked_at.sort();
-        (acked, acked_at)
-    }
-}
-
-/// Every acknowledged record of `topics` is read back through `client`'s broker, each key's in
-/// the order it was produced.
-async fn assert_read_back(client: &Client, topics: &[&str], acked: &BTreeMap<String, Vec<u64>>) {
-    let mut read: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for topic in topics {
-        let (records, _) = common::drain(client, topic, None).await;
-        for record in records {
-            let value = common::value(&record);
-            let (key, sequence) = value.split_once('=').unwrap();
-            read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
-        }
-    }
-    for (key, sequences) in acked {
-        let got = read.get(key).cloned().unwrap_or_default();
-        assert!(got.windows(2).all(|pair| pair[0] < pair[1]), "{key}: out of order {got:?}");
-        let missing: Vec<&u64> = sequences.iter().filter(|s| !got.contains(s)).collect();
-        assert!(missing.is_empty(), "{key}: acknowledged and lost {missing:?}");
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_under_load_loses_no_acknowledged_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -578,8 +479,8 @@ async fn kill_under_load_loses_no_acknowledged_record() {
     for (client, topic) in clients.iter().zip(topics) {
         create_topic(client, topic, 4).await;
     }
-    let ports: Vec<u16> = members.iter().map(|member| member.process.port).collect();
-    let load = Load::start(&ports, &topics, 6);
+    let addresses: Vec<String> = members.iter().map(|member| member.process.address()).collect();
+    let load = Load::start(&addresses, &topics, 6, ADMIN_PASSWORD);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // The leader of load1's vnode dies (and, with it, the vnodes it leads besides).
     let status = clients[0].cluster_status().await.unwrap();
@@ -615,8 +516,9 @@ async fn killing_a_primary_under_load_loses_nothing_and_produce_resumes() {
     let described = client.describe_segments("primary").await.unwrap();
     let primary = described.segments[0].copies[0].node_id as usize - 1;
     let survivors: Vec<usize> = (0..3).filter(|&at| at != primary).collect();
-    let ports: Vec<u16> = survivors.iter().map(|&at| members[at].process.port).collect();
-    let load = Load::start(&ports, &["primary"], 4);
+    let addresses: Vec<String> =
+        survivors.iter().map(|&at| members[at].process.address()).collect();
+    let load = Load::start(&addresses, &["primary"], 4, ADMIN_PASSWORD);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let killed_at = Instant::now();
     members[primary].kill();

@@ -15,13 +15,11 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::BrokerProcess;
+use common::load::{Load, assert_read_back};
 use malachi_client::{Client, RecordBuilder};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
@@ -196,45 +194,6 @@ where
     }
 }
 
-type Acked = Arc<Mutex<BTreeMap<String, Vec<u64>>>>;
-
-/// A producer through `address` to `topic` until `stop`, recording what was acknowledged.
-fn produce_until(
-    address: String,
-    topic: String,
-    producer: usize,
-    acked: Acked,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut client = common::connect_to(&address, "admin", ADMIN_PASSWORD).await.unwrap();
-        let keys: Vec<String> = (0..4).map(|k| format!("{topic}/p{producer}k{k}")).collect();
-        for sequence in 0u64.. {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let batch = keys
-                .iter()
-                .map(|key| RecordBuilder::new(format!("{key}={sequence}")).key(key).build())
-                .collect();
-            match client.produce(&topic, batch).await {
-                Ok(_) => {
-                    let mut acked = acked.lock().unwrap();
-                    for key in &keys {
-                        acked.entry(key.clone()).or_default().push(sequence);
-                    }
-                }
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    if let Ok(fresh) = common::connect_to(&address, "admin", ADMIN_PASSWORD).await {
-                        client = fresh;
-                    }
-                }
-            }
-        }
-    })
-}
-
 /// The broker leading the vnode that holds `topic`.
 async fn vnode_leader(client: &Client, topic: &str) -> Result<u64, String> {
     let status = client.cluster_status().await.map_err(|error| error.to_string())?;
@@ -292,19 +251,11 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
 
     // Load through the majority brokers, on the topics created through them (a producer whose
     // topic lies on the isolated broker waits for the heal; what it had acknowledged stays).
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut producers = Vec::new();
-    for (producer, &host) in majority.iter().chain(majority.iter()).enumerate() {
-        let (address, topic) = (brokers.processes[host].address(), format!("held{}", host + 1));
-        producers.push(produce_until(
-            address,
-            topic,
-            producer,
-            Arc::clone(&acked),
-            Arc::clone(&stop),
-        ));
-    }
+    let addresses: Vec<String> =
+        majority.iter().map(|&host| brokers.processes[host].address()).collect();
+    let topics: Vec<String> = majority.iter().map(|&host| format!("held{}", host + 1)).collect();
+    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let load = Load::start(&addresses, &topics, 2 * majority.len(), ADMIN_PASSWORD);
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     network.isolate(isolated);
@@ -362,31 +313,13 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    stop.store(true, Ordering::Relaxed);
-    for producer in producers {
-        producer.await.unwrap();
-    }
+    let (acked, _) = load.stop().await;
 
     // Every acknowledged record, through every broker, each key in order.
-    let acked = acked.lock().unwrap().clone();
     let total: usize = acked.values().map(Vec::len).sum();
     assert!(total > 0, "nothing was acknowledged");
     for client in &clients {
-        let mut read: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for &host in &majority {
-            let (records, _) = common::drain(client, &format!("held{}", host + 1), None).await;
-            for record in records {
-                let value = common::value(&record);
-                let (key, sequence) = value.split_once('=').unwrap();
-                read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
-            }
-        }
-        for (key, sequences) in &acked {
-            let got = read.get(key).cloned().unwrap_or_default();
-            assert!(got.windows(2).all(|pair| pair[0] < pair[1]), "{key}: out of order {got:?}");
-            let missing: Vec<&u64> = sequences.iter().filter(|s| !got.contains(s)).collect();
-            assert!(missing.is_empty(), "{key}: acknowledged and lost {missing:?}");
-        }
+        assert_read_back(client, &topics, &acked).await;
     }
     eprintln!(
         "isolated broker {isolated_id} (the written vnode's leader): metadata writes through the majority \
@@ -435,18 +368,10 @@ async fn a_primary_cut_off_from_its_followers_is_sealed_around_and_settled_after
     let primary = described.segments[0].copies[0].node_id as usize - 1;
     let others: Vec<usize> = (0..HOSTS).filter(|&host| host != primary).collect();
 
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = others
-        .iter()
-        .chain(others.iter())
-        .enumerate()
-        .map(|(producer, &host)| {
-            let address = brokers.processes[host].address();
-            produce_until(address, "cut".into(), producer, Arc::clone(&acked), Arc::clone(&stop))
-        })
-        .collect();
-    let acked_count = || acked.lock().unwrap().values().map(Vec::len).sum::<usize>();
+    let addresses: Vec<String> =
+        others.iter().map(|&host| brokers.processes[host].address()).collect();
+    let load = Load::start(&addresses, &["cut"], 2 * others.len(), ADMIN_PASSWORD);
+    let acked_count = || load.acked_count();
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     network.isolate(primary);
@@ -471,10 +396,7 @@ async fn a_primary_cut_off_from_its_followers_is_sealed_around_and_settled_after
     })
     .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    stop.store(true, Ordering::Relaxed);
-    for producer in producers {
-        producer.await.unwrap();
-    }
+    let (acked, _) = load.stop().await;
     let head_id = described.segments[0].segment_id;
     let settled = eventually(
         "the cut-off primary's head is sealed and settled on every copy",
@@ -492,22 +414,9 @@ async fn a_primary_cut_off_from_its_followers_is_sealed_around_and_settled_after
     )
     .await;
 
-    let acked = acked.lock().unwrap().clone();
     let total: usize = acked.values().map(Vec::len).sum();
     for client in &clients {
-        let (records, _) = common::drain(client, "cut", None).await;
-        let mut read: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        for record in records {
-            let value = common::value(&record);
-            let (key, sequence) = value.split_once('=').unwrap();
-            read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
-        }
-        for (key, sequences) in &acked {
-            let got = read.get(key).cloned().unwrap_or_default();
-            assert!(got.windows(2).all(|pair| pair[0] < pair[1]), "{key}: out of order {got:?}");
-            let missing: Vec<&u64> = sequences.iter().filter(|s| !got.contains(s)).collect();
-            assert!(missing.is_empty(), "{key}: acknowledged and lost {missing:?}");
-        }
+        assert_read_back(client, &["cut"], &acked).await;
     }
     eprintln!(
         "primary broker {} cut off: producers acknowledged again {resumed:?} after the cut; its \

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod load;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,113 @@
+//! A produce load for the cluster tests: producers writing keyed batches through real brokers
+//! while brokers are killed or cut off, and the check that every acknowledged record is read
+//! back afterwards, each key in order.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use malachi_client::{Client, RecordBuilder};
+
+/// What each key had acknowledged, by sequence.
+pub type Acked = BTreeMap<String, Vec<u64>>;
+
+/// Producers writing batches of 4 keyed records (a sequence per key), recording what was
+/// acknowledged and when.
+pub struct Load {
+    acked: Arc<Mutex<Acked>>,
+    acked_at: Arc<Mutex<Vec<Instant>>>,
+    stop: Arc<AtomicBool>,
+    producers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// `count` producers logged in as `admin` with `password`, producer `i` writing to
+    /// `topics[i % topics.len()]` through the broker at `addresses[i % addresses.len()]`,
+    /// reconnecting after a failure (its broker may be killed).
+    pub fn start(addresses: &[String], topics: &[&str], count: usize, password: &str) -> Load {
+        let acked: Arc<Mutex<Acked>> = Arc::default();
+        let acked_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        let stop: Arc<AtomicBool> = Arc::default();
+        let producers = (0..count)
+            .map(|producer| {
+                let address = addresses[producer % addresses.len()].clone();
+                let topic = topics[producer % topics.len()].to_string();
+                let password = password.to_string();
+                let (acked, acked_at) = (Arc::clone(&acked), Arc::clone(&acked_at));
+                let stop = Arc::clone(&stop);
+                tokio::spawn(async move {
+                    let connect = || super::connect_to(&address, "admin", &password);
+                    let mut client = connect().await.unwrap();
+                    let keys: Vec<String> =
+                        (0..4).map(|k| format!("{topic}/p{producer}k{k}")).collect();
+                    for sequence in 0u64.. {
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let batch = keys
+                            .iter()
+                            .map(|key| {
+                                RecordBuilder::new(format!("{key}={sequence}")).key(key).build()
+                            })
+                            .collect();
+                        match client.produce(&topic, batch).await {
+                            Ok(_) => {
+                                let mut acked = acked.lock().unwrap();
+                                for key in &keys {
+                                    acked.entry(key.clone()).or_default().push(sequence);
+                                }
+                                acked_at.lock().unwrap().push(Instant::now());
+                            }
+                            Err(_) => {
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                                if let Ok(fresh) = connect().await {
+                                    client = fresh;
+                                }
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Load { acked, acked_at, stop, producers }
+    }
+
+    /// Records acknowledged so far.
+    pub fn acked_count(&self) -> usize {
+        self.acked.lock().unwrap().values().map(Vec::len).sum()
+    }
+
+    /// Stops the producers; what each key had acknowledged, and when every acknowledgement
+    /// came, in order.
+    pub async fn stop(self) -> (Acked, Vec<Instant>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for producer in self.producers {
+            producer.await.unwrap();
+        }
+        let acked = self.acked.lock().unwrap().clone();
+        let mut acked_at = self.acked_at.lock().unwrap().clone();
+        acked_at.sort();
+        (acked, acked_at)
+    }
+}
+
+/// Every acknowledged record of `topics` is read back through `client`'s broker, each key's in
+/// the order it was produced.
+pub async fn assert_read_back(client: &Client, topics: &[&str], acked: &Acked) {
+    let mut read: Acked = BTreeMap::new();
+    for topic in topics {
+        let (records, _) = super::drain(client, topic, None).await;
+        for record in records {
+            let value = super::value(&record);
+            let (key, sequence) = value.split_once('=').unwrap();
+            read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
+        }
+    }
+    for (key, sequences) in acked {
+        let got = read.get(key).cloned().unwrap_or_default();
+        assert!(got.windows(2).all(|pair| pair[0] < pair[1]), "{key}: out of order {got:?}");
+        let missing: Vec<&u64> = sequences.iter().filter(|s| !got.contains(s)).collect();
+        assert!(missing.is_empty(), "{key}: acknowledged and lost {missing:?}");
+    }
+}
