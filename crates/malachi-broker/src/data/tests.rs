@@ -89,6 +89,25 @@ fn a_created_segment_survives_a_power_loss() {
     assert_eq!(segment.durable_offset(), 3);
 }
 
+/// A handle a failed write poisoned is never handed out again: the next open recovers the
+/// file from the disk, whoever asks (a fence or a fill, not only a produce that evicts it).
+#[test]
+fn an_open_never_hands_out_a_poisoned_handle() {
+    let sim = SimStorage::new(4);
+    let data = plane(&sim, 16);
+    let segment = block_on(data.open(key(1), || Some(Listed::ActiveUnborn))).unwrap().segment;
+    segment.append(&records(3)).unwrap();
+    sim.set_faults(malachi_log::SimFaults { write_failure_per_mille: 1000, ..Default::default() });
+    assert!(segment.append(&records(2)).is_err(), "the write fails");
+    assert!(segment.status().poisoned.is_some());
+    sim.set_faults(malachi_log::SimFaults::default());
+    let reopened = block_on(data.open(key(1), || Some(Listed::ActiveCreated))).unwrap();
+    assert!(reopened.fresh, "recovered from the disk");
+    assert!(!Arc::ptr_eq(&reopened.segment, &segment));
+    assert!(reopened.segment.status().poisoned.is_none());
+    assert_eq!(reopened.segment.durable_offset(), 3, "what was durable stays");
+}
+
 /// Beyond the cap, idle handles close (active ones too) and reopen without recovery; a handle
 /// someone holds is never closed, so one file never has two handles.
 #[test]
