@@ -72,7 +72,8 @@ impl Broker {
             range_id,
             seal,
             now_ms,
-            replicas: self.segment_replicas(&placement_object(topic_id, range_id, now_ms))?,
+            replicas: self
+                .segment_replicas(Some(topic_id), &placement_object(topic_id, range_id, now_ms))?,
         });
         let response = self.propose_in_term(term, topic_id, command).await;
         match response {
@@ -104,7 +105,7 @@ impl Broker {
         let child = |child: u8| {
             let mut object = placement_object(topic_id, range_id, now_ms);
             object.push(child);
-            self.segment_replicas(&object)
+            self.segment_replicas(Some(topic_id), &object)
         };
         let child_replicas = [child(0)?, child(1)?];
         let command = MetaCommand::SplitRange(SplitRange {
@@ -159,7 +160,8 @@ impl Broker {
             range_ids: [left, right],
             seals: [Some(left_seal), Some(right_seal)],
             now_ms,
-            replicas: self.segment_replicas(&placement_object(topic_id, left, now_ms))?,
+            replicas: self
+                .segment_replicas(Some(topic_id), &placement_object(topic_id, left, now_ms))?,
         });
         match self.propose_in_term(term, topic_id, command).await {
             Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
@@ -326,12 +328,16 @@ impl Broker {
     }
 
     /// The replicas of a segment about to be created, for `object` (what the command creates:
-    /// a topic's name, a range and a time): `MALACHI_LOG_REPLICATION_FACTOR` of the brokers
-    /// membership holds alive and no failover found out of reach a moment ago (fewer when
-    /// fewer are: a broker alone keeps one copy),
-    /// chosen by rendezvous hashing and spread by the placement constraints. The first is the
-    /// primary. Hard constraints that cannot be met refuse (`placement_unmet`).
-    pub(crate) fn segment_replicas(&self, object: &[u8]) -> Result<Vec<u64>, LogError> {
+    /// a topic's name, a range and a time) of `topic_id` (`None` for a topic being created):
+    /// `MALACHI_LOG_REPLICATION_FACTOR` of the brokers membership holds alive and no failover
+    /// found out of reach a moment ago (fewer when fewer are: a broker alone keeps one copy),
+    /// chosen by rendezvous hashing and spread by the topic's placement constraints. The first
+    /// is the primary. Hard constraints that cannot be met refuse (`placement_unmet`).
+    pub(crate) fn segment_replicas(
+        &self,
+        topic_id: Option<u64>,
+        object: &[u8],
+    ) -> Result<Vec<u64>, LogError> {
         let mut live: Vec<Candidate> = self
             .cluster_view()
             .brokers
@@ -354,11 +360,29 @@ impl Broker {
                 attributes: self.config.attributes.clone(),
             });
         }
-        let cluster = &self.config.cluster;
-        let replicas = cluster.replication_factor.min(live.len());
-        let placement = placement::place(object, replicas, &live, &[], &cluster.placement)
+        let replicas = self.config.cluster.replication_factor.min(live.len());
+        let constraints = self.placement_constraints(topic_id);
+        let placement = placement::place(object, replicas, &live, &[], &constraints)
             .map_err(|error| LogError::PlacementUnmet(error.to_string()))?;
         Ok(placement.brokers)
+    }
+
+    /// The placement constraints of `topic_id`'s segments: the cluster's
+    /// (`MALACHI_LOG_SPREAD_BY`, `_MIN_DOMAINS`, `_MAX_SKEW`, `_PLACEMENT_POLICY`), spread by the
+    /// attribute the topic's policy names when it names one (or by none when it turns it off).
+    pub(crate) fn placement_constraints(&self, topic_id: Option<u64>) -> placement::Constraints {
+        let mut constraints = self.config.cluster.placement.clone();
+        let Some(topic_id) = topic_id else { return constraints };
+        let definitions = self.policy_definitions();
+        let default = constraints.spread_by.clone();
+        let spread_by = self.read_meta(topic_id, |meta| {
+            let topic = meta.topic(topic_id)?;
+            Some(meta.effective_spread_by(topic, &definitions, default.clone()))
+        });
+        if let Some(spread_by) = spread_by {
+            constraints.spread_by = spread_by;
+        }
+        constraints
     }
 
     /// Creates the files of newly allocated segments on every broker holding a replica. A

@@ -13,8 +13,9 @@
 //! recorded length and bytes. The replicas that settled are recorded in one command.
 //!
 //! A replica on a broker dead longer than `MALACHI_REPLICA_REPLACE_AFTER_MS` moves to a live
-//! broker that holds none (rendezvous hashing over the live brokers), in the same place of the
-//! replica set; its copy is rebuilt there on the next ticks. A settled copy must remain.
+//! broker that holds none (rendezvous hashing over the live brokers): the new broker joins the
+//! replica set beside the old one, its copy is rebuilt on the next ticks, and the old replica
+//! is dropped only when the new copy is recorded settled. A settled copy must remain.
 //!
 //! The scrubber, on every broker, re-verifies a few of the settled copies it holds every
 //! `MALACHI_SCRUB_INTERVAL_MS`; a copy that fails is recorded as unsettled (readers pass over
@@ -41,6 +42,9 @@ const HEAL_SEGMENTS_PER_TICK: usize = 16;
 const SETTLE_TIMEOUT_MS: u64 = 120_000;
 /// Records copied per read of a rebuild.
 const REBUILD_RECORDS_MAX: u32 = 4_096;
+/// The largest copy a rebuild gathers (it holds every record in memory before it deletes
+/// anything); above `MALACHI_SEGMENT_MAX_BYTES`'s default by far.
+const REBUILD_BYTES_MAX: u64 = 1 << 30;
 
 /// A sealed segment the healer works on.
 #[derive(Clone, Debug)]
@@ -49,6 +53,25 @@ struct Unsettled {
     seal: SealInfo,
     replicas: Vec<u64>,
     settled_on: Vec<u64>,
+    /// Replicas on their way out: a move to another broker is under way.
+    moving_off: Vec<u64>,
+}
+
+impl Unsettled {
+    /// The replicas that stay once the moves under way finish.
+    fn staying(&self) -> impl Iterator<Item = u64> + '_ {
+        self.replicas.iter().copied().filter(|node| !self.moving_off.contains(node))
+    }
+
+    /// Where `replica` may rebuild its copy from: the settled copies first, then the other
+    /// copies (a copy not settled, even unsealed, holds the records a seal covers when it is
+    /// long enough: one primary wrote every copy, and a rebuild is checked against the
+    /// recorded length and bytes). The copies not settled matter when every settled one is
+    /// damaged or gone: two replicas, one sealed and then damaged, the other never sealed.
+    fn sources_for(&self, replica: u64) -> Vec<u64> {
+        let unsettled = self.replicas.iter().filter(|node| !self.settled_on.contains(node));
+        self.settled_on.iter().chain(unsettled).copied().filter(|&node| node != replica).collect()
+    }
 }
 
 impl Broker {
@@ -73,7 +96,7 @@ impl Broker {
                     let segment = meta.0.segment(segment_id)?;
                     let (end_offset, data_bytes) = segment.sealed_length()?;
                     let whole = segment.replicas.iter().all(|r| segment.settled_on.contains(r));
-                    let lost = segment.replicas.iter().any(|&r| self.replica_lost(r));
+                    let lost = segment.staying_replicas().into_iter().any(|r| self.replica_lost(r));
                     (segment.replicas.len() > 1 && (!whole || lost)).then(|| Unsettled {
                         key: SegmentKey {
                             topic_id: segment.topic_id,
@@ -83,6 +106,7 @@ impl Broker {
                         seal: SealInfo { end_offset, data_bytes },
                         replicas: segment.replicas.clone(),
                         settled_on: segment.settled_on.clone(),
+                        moving_off: segment.moves.iter().map(|move_| move_.old).collect(),
                     })
                 })
                 .collect();
@@ -116,20 +140,23 @@ impl Broker {
             && self.dead_for_ms(node) >= self.config.cluster.replica_replace_after_ms
     }
 
-    /// Settles every unsettled replica of `segment`, and moves every replica (settled or
-    /// not) off a broker that is lost.
+    /// Settles every unsettled replica of `segment`, and starts moving every replica (settled
+    /// or not) off a broker that is lost.
     async fn heal_segment(&self, term: u64, segment: &Unsettled) {
         let key = segment.key;
         let mut settled = Vec::new();
-        let unsettled = |replica: &&u64| !segment.settled_on.contains(replica);
-        for &replica in segment.replicas.iter().filter(|r| unsettled(r) || self.replica_lost(**r)) {
+        let unsettled = |replica: &u64| !segment.settled_on.contains(replica);
+        let lost =
+            |replica: &u64| self.replica_lost(*replica) && !segment.moving_off.contains(replica);
+        for replica in segment.replicas.iter().copied().filter(|r| unsettled(r) || lost(r)) {
             if self.member_status(replica) == PeerStatus::Dead {
-                if self.replica_lost(replica) {
+                if lost(&replica) {
                     self.replace_replica(term, segment, replica).await;
                 }
                 continue;
             }
-            match self.settle_copy(replica, key, segment.seal, &segment.settled_on).await {
+            let sources = segment.sources_for(replica);
+            match self.settle_copy(replica, key, segment.seal, &sources).await {
                 Ok(true) => settled.push(replica),
                 Ok(false) => {
                     tracing::debug!(?key, replica, "a copy is not settled yet (no source)");
@@ -151,11 +178,12 @@ impl Broker {
         }
     }
 
-    /// Moves `segment`'s replica off `dead` to a live broker holding none, chosen by placement
-    /// with the surviving replicas kept (so the constraints hold for the whole set).
+    /// Starts moving `segment`'s replica off `dead` to a live broker holding none, chosen by
+    /// placement with the surviving replicas kept (so the constraints hold for the whole set).
+    /// The dead replica stays in the set until the new copy is settled.
     async fn replace_replica(&self, term: u64, segment: &Unsettled, dead: u64) {
         let key = segment.key;
-        let survivors: Vec<u64> = segment.replicas.iter().copied().filter(|&r| r != dead).collect();
+        let survivors: Vec<u64> = segment.staying().filter(|&r| r != dead).collect();
         let live: Vec<Candidate> = self
             .cluster_view()
             .brokers
@@ -173,9 +201,9 @@ impl Broker {
             })
             .collect();
         let object = key.segment_id.to_le_bytes();
-        let constraints = &self.config.cluster.placement;
-        let placed =
-            placement::place(&object, segment.replicas.len(), &live, &survivors, constraints);
+        let constraints = self.placement_constraints(Some(key.topic_id));
+        let wanted = segment.staying().count();
+        let placed = placement::place(&object, wanted, &live, &survivors, &constraints);
         let new = match placed {
             Ok(placed) => placed.brokers.into_iter().find(|broker| !survivors.contains(broker)),
             Err(error) => {
@@ -253,15 +281,13 @@ impl Broker {
         if self.copy_is_settled(key, seal).await {
             return Ok(true);
         }
-        for &source in sources {
-            match self.rebuild_copy(key, seal, source).await {
-                Ok(()) => return Ok(true),
-                Err(error) => {
-                    tracing::warn!(?key, source, %error, "rebuilding a copy from a source failed");
-                }
+        match self.rebuild_copy(key, seal, sources).await {
+            Ok(()) => Ok(true),
+            Err(error) => {
+                tracing::warn!(?key, ?sources, %error, "rebuilding a copy failed");
+                Ok(false)
             }
         }
-        Ok(false)
     }
 
     /// Whether this broker's copy of `key` is sealed at `seal` and every frame of it verifies.
@@ -281,40 +307,32 @@ impl Broker {
         }
     }
 
-    /// Writes this broker's copy of `key` afresh from `source`'s. The first records come
-    /// from the source before the local copy is deleted.
+    /// Writes this broker's copy of `key` afresh from the records of the `sources`' copies and
+    /// its own. Every record is gathered first, each batch from the first copy that gives it
+    /// intact (checksummed frames), so one copy's damage is bridged by another's records; the
+    /// local copy is deleted only once all of them are here, and the rebuilt copy must come
+    /// out at the recorded length and bytes.
     async fn rebuild_copy(
         &self,
         key: SegmentKey,
         seal: SealInfo,
-        source: u64,
+        sources: &[u64],
     ) -> Result<(), LogError> {
-        let first_wanted =
-            u32::try_from(seal.end_offset).unwrap_or(u32::MAX).min(REBUILD_RECORDS_MAX);
-        let mut next = self.read_raw(source, key, 0, first_wanted).await?;
-        if seal.end_offset > 0 && next.is_empty() {
+        if seal.data_bytes > REBUILD_BYTES_MAX {
             return Err(LogError::Unavailable(format!(
-                "broker {source} gave no records of {key:?}"
+                "{key:?} holds {} bytes, more than a rebuild gathers ({REBUILD_BYTES_MAX})",
+                seal.data_bytes
             )));
         }
-        tracing::info!(?key, source, end = seal.end_offset, "rebuilding a copy");
+        let records = self.gather_records(key, seal.end_offset, sources).await?;
+        tracing::info!(?key, ?sources, end = seal.end_offset, "rebuilding a copy");
         self.data.remove(key).await?;
         let opened = self.data.open(key, || Some(Listed::ActiveUnborn)).await?;
         let segment = opened.segment;
-        let mut copied = 0;
-        while copied < seal.end_offset {
-            if next.is_empty() {
-                let wanted = u32::try_from(seal.end_offset - copied)
-                    .unwrap_or(u32::MAX)
-                    .min(REBUILD_RECORDS_MAX);
-                next = self.read_raw(source, key, copied, wanted).await?;
-                if next.is_empty() {
-                    return Err(self.abandon(key, "the source stopped giving records").await);
-                }
+        for batch in records {
+            if let Err(error) = self.write_durably(&segment, batch, Write::Append).await {
+                return Err(self.abandon(key, &error.to_string()).await);
             }
-            let batch = std::mem::take(&mut next);
-            copied += batch.len() as u64;
-            self.write_durably(&segment, batch, Write::Append).await?;
         }
         let sealed = self.data.seal(std::sync::Arc::clone(&segment)).await;
         match sealed {
@@ -322,6 +340,41 @@ impl Broker {
             Ok(info) => Err(self.abandon(key, &format!("rebuilt as {info:?}, not {seal:?}")).await),
             Err(error) => Err(self.abandon(key, &error.to_string()).await),
         }
+    }
+
+    /// Records `[0, end)` of `key`, in batches, each read from the first of `sources` (then
+    /// this broker's own copy) that holds it intact.
+    async fn gather_records(
+        &self,
+        key: SegmentKey,
+        end: u64,
+        sources: &[u64],
+    ) -> Result<Vec<Vec<malachi_log::Record>>, LogError> {
+        let copies: Vec<u64> = sources.iter().copied().chain([self.node_id]).collect();
+        let mut batches = Vec::new();
+        let mut next = 0;
+        while next < end {
+            let wanted = u32::try_from(end - next).unwrap_or(u32::MAX).min(REBUILD_RECORDS_MAX);
+            let mut batch = Vec::new();
+            for &copy in &copies {
+                match self.read_raw(copy, key, next, wanted).await {
+                    Ok(records) if !records.is_empty() => {
+                        batch = records;
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::debug!(?key, copy, next, %error, "a copy cannot give"),
+                }
+            }
+            if batch.is_empty() {
+                return Err(LogError::Unavailable(format!(
+                    "no copy of {key:?} gives its records from {next} (of {end})"
+                )));
+            }
+            next += batch.len() as u64;
+            batches.push(batch);
+        }
+        Ok(batches)
     }
 
     /// Drops a rebuild that went wrong (its copy is not settled, and the next pass starts over).

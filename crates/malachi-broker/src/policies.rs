@@ -70,8 +70,8 @@ impl Broker {
     pub async fn topic_policy(&self, topic: &str) -> Result<TopicPolicyView, LogError> {
         self.see_topic(topic).await?;
         let definitions = self.policy_definitions();
-        let defaults =
-            PolicyDefaults { retention: retention_defaults(&self.config), spread_by: None };
+        let spread_by = self.config.cluster.placement.spread_by.clone();
+        let defaults = PolicyDefaults { retention: retention_defaults(&self.config), spread_by };
         self.read_meta_named(topic, |meta| meta.topic_policy(topic, &definitions, &defaults))
             .map_err(policy_error)
     }

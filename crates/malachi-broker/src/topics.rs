@@ -50,7 +50,7 @@ impl Broker {
             now_ms: self.clock.now_ms(),
             initial_ranges,
             segment_roll: SegmentRoll::default(),
-            replicas: self.segment_replicas(name.as_bytes())?,
+            replicas: self.segment_replicas(None, name.as_bytes())?,
             creator: creator.map(str::to_string),
             quota: self.config.quota(),
         });

@@ -92,9 +92,10 @@ pub enum MetaCommand {
         settled: bool,
     },
     /// Healing: the replica of sealed segment `segment_id` on `old` (dead too long, or its copy
-    /// lost) moves to `new`, in the same place of the replica set; `new`'s copy is rebuilt from
-    /// a settled one and reported settled afterwards. Refused unless the segment is sealed,
-    /// `old` holds a replica, `new` does not, and a settled copy remains elsewhere.
+    /// lost) starts moving to `new`: `new` joins the replica set beside `old`, its copy is
+    /// rebuilt from a settled one, and `old` is dropped when `new` is reported settled
+    /// (`Segment::moves`). Refused unless the segment is sealed, `old` holds a replica not
+    /// moving already, `new` does not, and a settled copy remains elsewhere.
     ReplaceReplica {
         segment_id: u64,
         old: u64,

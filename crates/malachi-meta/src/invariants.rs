@@ -55,6 +55,17 @@ impl MetaState {
             check(held, || format!("segment {id}: a settled copy holds no replica"))?;
             let sealed = !segment.is_active() || segment.settled_on.is_empty();
             check(sealed, || format!("segment {id}: an active segment has settled copies"))?;
+            for move_ in &segment.moves {
+                let held = [move_.old, move_.new].iter().all(|n| segment.replicas.contains(n));
+                check(held, || format!("segment {id}: a move between non-replicas"))?;
+                check(move_.old != move_.new, || format!("segment {id}: a move to itself"))?;
+                let waiting = !segment.settled_on.contains(&move_.new);
+                check(waiting, || format!("segment {id}: a finished move is still recorded"))?;
+            }
+            let single = segment.moves.iter().map(|move_| move_.old).collect::<BTreeSet<_>>();
+            check(single.len() == segment.moves.len(), || format!("segment {id}: moved twice"))?;
+            let sealed = !segment.is_active() || segment.moves.is_empty();
+            check(sealed, || format!("segment {id}: a replica of an active segment moves"))?;
         }
         let reclaimed_and_retained =
             self.pending_reclaim.keys().find(|segment_id| self.segments.contains_key(segment_id));

@@ -44,8 +44,8 @@ pub use invariants::InvariantViolation;
 pub use keyspace::{Extent, key_point};
 pub use limits::{MAX_INITIAL_RANGES, MetaLimits, Quota};
 pub use model::{
-    ConsumerGroup, GroupPosition, Position, Range, RangeState, ReclaimEntry, SealReport, Segment,
-    SegmentRef, SegmentRoll, SegmentRollDefaults, SegmentState, Topic,
+    ConsumerGroup, GroupPosition, Position, Range, RangeState, ReclaimEntry, ReplicaMove,
+    SealReport, Segment, SegmentRef, SegmentRoll, SegmentRollDefaults, SegmentState, Topic,
 };
 pub use names::validate_topic_name;
 pub use policy::{

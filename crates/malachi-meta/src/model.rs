@@ -143,14 +143,37 @@ pub struct Segment {
     /// healing rebuilds the copies of the others from them. Empty while active.
     #[serde(default)]
     pub settled_on: Vec<u64>,
+    /// Replicas healing is moving off this sealed segment. Each `old` stays a replica (its
+    /// copy readable, a source for rebuilds) beside the `new` one that replaces it, until the
+    /// new copy is reported settled: only then is the old one dropped, so a copy leaves the
+    /// replica set only once another holds the same bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moves: Vec<ReplicaMove>,
     /// Records in this range before this segment's offset 0: offsets are per segment, this
     /// numbers records across the whole range (and so across retention).
     pub range_base_records: u64,
 }
 
+/// One replica of a sealed segment being moved to another broker (see `Segment::moves`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaMove {
+    pub old: u64,
+    pub new: u64,
+}
+
 impl Segment {
     pub fn is_active(&self) -> bool {
         self.state == SegmentState::Active
+    }
+
+    /// Whether `node`'s replica is on its way out (a move off it is under way).
+    pub fn is_moving_off(&self, node: u64) -> bool {
+        self.moves.iter().any(|move_| move_.old == node)
+    }
+
+    /// The replicas that stay once every move under way has finished.
+    pub fn staying_replicas(&self) -> Vec<u64> {
+        self.replicas.iter().copied().filter(|&node| !self.is_moving_off(node)).collect()
     }
 
     /// `(end_offset, data_bytes)` once sealed.

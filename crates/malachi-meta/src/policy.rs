@@ -316,6 +316,23 @@ impl MetaState {
         EffectiveRetention { max_age_ms: integer(&view[0]), max_bytes: integer(&view[1]) }
     }
 
+    /// The broker attribute `topic`'s new replicas spread over: its policy's `spread_by`, or
+    /// `default` (`MALACHI_LOG_SPREAD_BY`) when the policy leaves it unset or is unresolved.
+    pub fn effective_spread_by(
+        &self,
+        topic: &Topic,
+        definitions: &PolicyDefinitions,
+        default: Option<String>,
+    ) -> Option<String> {
+        let definition = topic.policy.as_ref().and_then(|name| definitions.get(name));
+        match (self.policy_resolution(topic, definitions), definition) {
+            (PolicyResolution::Resolved, Some(definition)) => {
+                resolve(&definition.spread_by, default).0
+            }
+            _ => default,
+        }
+    }
+
     /// Binds `topic` to `policy` (or detaches it). The name need not be defined here: the
     /// definitions are the administrative machine's, and the broker checks the name against
     /// them before it proposes this; a definition deleted in between leaves the binding

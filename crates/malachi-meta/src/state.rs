@@ -283,6 +283,7 @@ impl MetaState {
             replicas,
             created_on: Vec::new(),
             settled_on: Vec::new(),
+            moves: Vec::new(),
             range_base_records,
         };
         let previous = self.segments.insert(segment_id, segment);

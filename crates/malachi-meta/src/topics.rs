@@ -8,7 +8,7 @@ use crate::command::{CreateTopic, MetaResponse};
 use crate::error::{MetaError, RetentionError, TopicError};
 use crate::keyspace::Extent;
 use crate::limits::MAX_INITIAL_RANGES;
-use crate::model::{Range, RangeState, ReclaimEntry, SegmentRoll, Topic};
+use crate::model::{Range, RangeState, ReclaimEntry, ReplicaMove, Segment, SegmentRoll, Topic};
 use crate::names::validate_topic_name;
 use crate::state::MetaState;
 
@@ -215,9 +215,13 @@ impl MetaState {
             }
             changed += 1;
         }
+        finish_moves(segment);
         MetaResponse::CopiesRecorded { changed }
     }
 
+    /// Starts moving `segment_id`'s replica off `old` to `new` (see `Segment::moves`); a
+    /// replica that is itself the unsettled target of a move (it holds no settled copy, only a
+    /// rebuild under way) is replaced in place, the move then aiming at `new`.
     pub(crate) fn replace_replica(
         &mut self,
         segment_id: u64,
@@ -241,13 +245,37 @@ impl MetaState {
         if segment.replicas.contains(&new) {
             return Err(invalid(format!("node {new} holds a replica of {segment_id} already")));
         }
+        if segment.is_moving_off(old) {
+            return Err(invalid(format!("node {old}'s replica of {segment_id} is moving already")));
+        }
         if !segment.settled_on.iter().any(|&node| node != old) {
             return Err(invalid(format!("no settled copy of {segment_id} would remain")));
         }
-        segment.replicas[at] = new;
+        let incoming = segment.moves.iter_mut().find(|move_| move_.new == old);
+        match incoming {
+            Some(move_) if !segment.settled_on.contains(&old) => {
+                move_.new = new;
+                segment.replicas[at] = new;
+                segment.created_on.retain(|&node| node != old);
+            }
+            _ => {
+                segment.replicas.push(new);
+                segment.moves.push(ReplicaMove { old, new });
+            }
+        }
+        Ok(MetaResponse::ReplicaReplaced)
+    }
+}
+
+/// Drops the old replica of every move whose new copy is settled.
+fn finish_moves(segment: &mut Segment) {
+    let (done, going): (Vec<ReplicaMove>, Vec<ReplicaMove>) =
+        segment.moves.iter().partition(|move_| segment.settled_on.contains(&move_.new));
+    segment.moves = going;
+    for ReplicaMove { old, .. } in done {
+        segment.replicas.retain(|&node| node != old);
         segment.settled_on.retain(|&node| node != old);
         segment.created_on.retain(|&node| node != old);
-        Ok(MetaResponse::ReplicaReplaced)
     }
 }
 

@@ -276,6 +276,40 @@ fn topic_policy_resolution_table() {
     }
 }
 
+/// The attribute a topic's new replicas spread over: its policy's, else the cluster's.
+#[test]
+fn spread_by_follows_the_policy_then_the_cluster() {
+    use PolicyValue::{Null, Str};
+    let (mut state, mut admin) = (MetaState::default(), AdminState::default());
+    for topic in ["plain", "racked", "unspread", "inherits", "orphan"] {
+        apply_ok(&mut state, create(topic, None));
+    }
+    admin_ok(&mut admin, define("by-rack", vec![field(FIELD_SPREAD_BY, Str("rack".into()))]));
+    admin_ok(&mut admin, define("off", vec![field(FIELD_SPREAD_BY, Null)]));
+    admin_ok(&mut admin, define("empty", vec![]));
+    for (topic, policy) in
+        [("racked", "by-rack"), ("unspread", "off"), ("inherits", "empty"), ("orphan", "none")]
+    {
+        apply_ok(&mut state, bind(topic, Some(policy)));
+    }
+    let definitions = admin.policies().clone();
+    // (topic, cluster spread_by, effective)
+    let cases: &[(&str, Option<&str>, Option<&str>)] = &[
+        ("plain", Some("zone"), Some("zone")),
+        ("plain", None, None),
+        ("racked", Some("zone"), Some("rack")),
+        ("racked", None, Some("rack")),
+        ("unspread", Some("zone"), None),
+        ("inherits", Some("zone"), Some("zone")),
+        ("orphan", Some("zone"), Some("zone")),
+    ];
+    for &(topic, cluster, effective) in cases {
+        let found = state.topic_by_name(topic).expect("created");
+        let spread = state.effective_spread_by(found, &definitions, cluster.map(str::to_string));
+        assert_eq!(spread.as_deref(), effective, "{topic} under {cluster:?}");
+    }
+}
+
 #[test]
 fn an_unresolved_binding_without_backstop_expires_nothing() {
     let (state, definitions, defaults) = resolution_fixture();

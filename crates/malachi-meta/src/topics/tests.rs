@@ -332,7 +332,29 @@ fn a_replica_moves_only_off_a_sealed_segment_with_a_settled_copy_left() {
     }
     assert_eq!(apply_ok(&mut state, replace(sealed, 1, 4)), MetaResponse::ReplicaReplaced);
     let segment = state.segment(sealed).unwrap();
-    assert_eq!(segment.replicas, vec![4, 2, 3], "the new replica takes the old one's place");
+    assert_eq!(segment.replicas, vec![1, 2, 3, 4], "the old replica stays until the new settles");
+    assert_eq!(segment.staying_replicas(), vec![2, 3, 4]);
     assert_eq!(segment.settled_on, vec![2], "the new copy is not settled until it says so");
+    assert!(state.apply(replace(sealed, 1, 5)).is_err(), "a replica moves once at a time");
+    // The new replica dies before its copy settled: it is replaced in place.
+    assert_eq!(apply_ok(&mut state, replace(sealed, 4, 5)), MetaResponse::ReplicaReplaced);
+    let segment = state.segment(sealed).unwrap();
+    assert_eq!(segment.replicas, vec![1, 2, 3, 5]);
+    assert_eq!(segment.moves, vec![moving(1, 5)]);
+    // Another settled copy does not finish the move; the new one's does.
+    let settle =
+        |nodes: Vec<u64>| MetaCommand::CopiesSettled { segment_id: sealed, nodes, settled: true };
+    apply_ok(&mut state, settle(vec![1, 3]));
+    assert_eq!(state.segment(sealed).unwrap().replicas, vec![1, 2, 3, 5]);
+    apply_ok(&mut state, settle(vec![5]));
+    let segment = state.segment(sealed).unwrap();
+    assert_eq!(segment.replicas, vec![2, 3, 5], "the old replica goes once the new settled");
+    assert_eq!(segment.settled_on, vec![2, 3, 5]);
+    assert!(segment.moves.is_empty());
     assert!(!segment.created_on.contains(&1));
+    state.check_invariants().expect("invariants hold after a move");
+}
+
+fn moving(old: u64, new: u64) -> crate::model::ReplicaMove {
+    crate::model::ReplicaMove { old, new }
 }
