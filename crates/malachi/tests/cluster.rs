@@ -714,6 +714,91 @@ async fn damaged_follower_copies_are_rebuilt() {
     }
 }
 
+/// A broker that dies for good (its disk lost with it): once membership has held it dead for
+/// MALACHI_REPLICA_REPLACE_AFTER_MS, each sealed segment it held a replica of gets a new one on
+/// the broker that had none, rebuilt and settled, and only then does the dead replica leave the
+/// set; every record reads back through every live broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_move_off_a_broker_dead_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [
+        ("MALACHI_SEGMENT_MAX_BYTES", "4096"),
+        ("MALACHI_AUTO_SPLIT_ENABLED", "false"),
+        ("MALACHI_REPLICA_REPLACE_AFTER_MS", "1000"),
+    ];
+    let mut members = start_cluster_with(dir.path(), 4, &settings);
+    let client = members[0].admin().await;
+    for node_id in 1..=4 {
+        status_becomes(&client, node_id, 0).await;
+    }
+    create_topic(&client, "moved", 1).await;
+    let mut produced = 0;
+    for batch in 0..20 {
+        let records: Vec<_> = (0..10)
+            .map(|n| RecordBuilder::new(format!("b{batch}-r{n}-{}", "x".repeat(80))).build())
+            .collect();
+        produced += client.produce("moved", records).await.unwrap();
+    }
+    let settled_sealed = || async {
+        let described = client.describe_segments("moved").await.map_err(|e| e.to_string())?;
+        Ok::<_, String>(
+            described
+                .segments
+                .into_iter()
+                .filter(|segment| {
+                    segment.state == SegmentState::Sealed
+                        && segment.copies.len() == 3
+                        && segment.copies.iter().all(|copy| copy.settled)
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    eventually_within("two sealed segments settled on three replicas", 30, || async {
+        let settled = settled_sealed().await?;
+        if settled.len() >= 2 { Ok(()) } else { Err(format!("{settled:?}")) }
+    })
+    .await;
+    let sealed = settled_sealed().await.unwrap();
+    let holders = |segment: &malachi_client::SegmentDescription| -> Vec<u64> {
+        segment.copies.iter().map(|copy| copy.node_id).collect()
+    };
+    let victim = (2..=4)
+        .find(|node| sealed.iter().any(|segment| holders(segment).contains(node)))
+        .expect("a broker other than 1 holds a sealed copy");
+    let held: Vec<u64> = sealed
+        .iter()
+        .filter(|segment| holders(segment).contains(&victim))
+        .map(|segment| segment.segment_id)
+        .collect();
+    members[victim as usize - 1].kill();
+    let killed_at = Instant::now();
+    eprintln!("broker {victim}, holding copies of {held:?}, killed for good");
+    eventually_within("every copy of the dead broker moved and settled", 60, || async {
+        let described = client.describe_segments("moved").await.map_err(|e| e.to_string())?;
+        for segment_id in &held {
+            let segment = described.segments.iter().find(|s| s.segment_id == *segment_id);
+            let Some(segment) = segment else { return Err(format!("{segment_id} is gone")) };
+            let nodes = holders(segment);
+            let moved = nodes.len() == 3
+                && !nodes.contains(&victim)
+                && segment.copies.iter().all(|copy| copy.settled);
+            if !moved {
+                return Err(format!("segment {segment_id}: {:?}", segment.copies));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    eprintln!("the dead broker's copies moved {:?} after the kill", killed_at.elapsed());
+    for (index, member) in members.iter().enumerate() {
+        if index as u64 + 1 == victim {
+            continue;
+        }
+        let (records, _) = common::drain(&member.admin().await, "moved", None).await;
+        assert_eq!(records.len(), produced as usize, "every record reads back");
+    }
+}
+
 /// The vnode's leader coordinates for every broker: heads held anywhere roll when they fill, a
 /// topic under load through the other brokers splits, an operator's split through a broker
 /// that does not lead is carried out by the leader, and only the leader logs reshapes.
