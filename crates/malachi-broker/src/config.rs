@@ -69,6 +69,8 @@ pub struct BrokerConfig {
     pub attributes: BTreeMap<String, String>,
     /// TLS, certificate and token logins, per-user quotas.
     pub security: SecurityConfig,
+    /// The HTTP port: health, readiness, metrics and the console.
+    pub dashboard: DashboardConfig,
     /// How this broker meets the others.
     pub cluster: ClusterConfig,
 }
@@ -263,6 +265,7 @@ impl BrokerConfig {
             node_id: sources.optional("NODE_ID", "a node id of 1 or more")?,
             attributes: attributes(sources)?,
             security: security::load(sources)?,
+            dashboard: dashboard_config(sources)?,
             cluster: cluster_config(sources)?,
         };
         config.validate()?;
@@ -320,6 +323,40 @@ impl BrokerConfig {
         }
         Ok(())
     }
+}
+
+/// The HTTP port's settings (`MALACHI_DASHBOARD_*`, `MALACHI_SESSION_*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DashboardConfig {
+    /// Serve HTTP at all (`MALACHI_DASHBOARD_ENABLED`, ours).
+    pub enabled: bool,
+    /// `MALACHI_DASHBOARD_PORT`, on the client port's bind address; 0 picks a free port.
+    pub port: u16,
+    /// The console asks for a login (`MALACHI_DASHBOARD_AUTH_ENABLED`); `/health`, `/ready`
+    /// and `/metrics` never do.
+    pub auth_enabled: bool,
+    /// Only admins may log in to the console (`MALACHI_DASHBOARD_REQUIRE_ADMIN`).
+    pub require_admin: bool,
+    /// A console session ends this long after its last use (`MALACHI_SESSION_TIMEOUT_SEC`).
+    pub session_timeout_sec: u64,
+    /// A console session is refused from another address than the one it logged in from
+    /// (`MALACHI_SESSION_IP_BINDING`).
+    pub session_ip_binding: bool,
+    /// Topics with a label of their own in `/metrics`; the rest count as `_other`
+    /// (`MALACHI_METRICS_TOPICS_MAX`, ours).
+    pub metrics_topics_max: u32,
+}
+
+fn dashboard_config(sources: &Sources<'_>) -> Result<DashboardConfig, ConfigError> {
+    Ok(DashboardConfig {
+        enabled: sources.flag("DASHBOARD_ENABLED", true)?,
+        port: sources.number("DASHBOARD_PORT", 4041)?,
+        auth_enabled: sources.flag("DASHBOARD_AUTH_ENABLED", true)?,
+        require_admin: sources.flag("DASHBOARD_REQUIRE_ADMIN", true)?,
+        session_timeout_sec: sources.number("SESSION_TIMEOUT_SEC", 3600)?,
+        session_ip_binding: sources.flag("SESSION_IP_BINDING", true)?,
+        metrics_topics_max: sources.number("METRICS_TOPICS_MAX", 200)?,
+    })
 }
 
 fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {

@@ -331,6 +331,11 @@ impl DataPlane {
         self.committer.stats()
     }
 
+    /// The group commit's histograms (round latency and sizes), for the broker's registry.
+    pub fn commit_metrics(&self) -> malachi_log::CommitMetrics {
+        self.committer.metrics().clone()
+    }
+
     /// The simulator's canary (see `Canaries::skip_dir_sync`); never set elsewhere.
     pub fn with_canary_skip_dir_sync(mut self, on: bool) -> DataPlane {
         self.canary_skip_dir_sync = on;

@@ -121,6 +121,8 @@ impl Broker {
         for catch_up in 0..=FETCH_CATCH_UPS_MAX {
             let last = catch_up == FETCH_CATCH_UPS_MAX;
             if let Pass::Page(page) = self.fetch_pass(args, deadline.as_mut(), last).await? {
+                let bytes = page.records.iter().map(wire_bytes).sum();
+                self.metrics.fetched(args.topic, page.records.len() as u64, bytes);
                 return Ok(page);
             }
             self.ring.named(args.topic).group.read_barrier().await.map_err(|error| {

@@ -118,6 +118,7 @@ impl Broker {
         });
         match self.propose_in_term(term, topic_id, command).await {
             Ok(MetaResponse::RangeSplit { children, child_segment_ids, .. }) => {
+                self.metrics.range_splits.inc();
                 let keys: Vec<SegmentKey> = children
                     .into_iter()
                     .zip(child_segment_ids)
@@ -165,6 +166,7 @@ impl Broker {
         });
         match self.propose_in_term(term, topic_id, command).await {
             Ok(MetaResponse::RangesMerged { range_id, segment_id, .. }) => {
+                self.metrics.range_merges.inc();
                 self.create_placed(&[SegmentKey { topic_id, range_id, segment_id }]).await;
                 Ok(range_id)
             }

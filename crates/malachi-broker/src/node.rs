@@ -168,6 +168,10 @@ pub struct Broker {
     pub(crate) scrub_cursor: Mutex<u64>,
     /// This broker, for background tasks it starts.
     pub(crate) me: std::sync::Weak<Broker>,
+    /// What operators see at `/metrics`.
+    pub(crate) metrics: crate::metrics::Metrics,
+    /// One scrape at a time: a scrape clears and sets the state gauges.
+    pub(crate) scraping: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Broker {
@@ -275,8 +279,14 @@ impl Broker {
                 })
                 .map_err(|source| data_dir_error(&data_dir, source))?
                 .with_canary_skip_dir_sync(deps.canaries.skip_dir_sync);
+        let metrics = crate::metrics::Metrics::new(
+            deps.config.dashboard.metrics_topics_max as usize,
+            &data.commit_metrics(),
+        );
         let broker = Arc::new_cyclic(|me| Broker {
             me: me.clone(),
+            metrics,
+            scraping: tokio::sync::Mutex::new(()),
             load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
             config: deps.config,
             node_id: deps.node_id,

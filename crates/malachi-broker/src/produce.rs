@@ -71,6 +71,7 @@ impl Broker {
             return Ok(0);
         }
         self.data.config().limits.check(&records)?;
+        let bytes: u64 = records.iter().map(Record::user_bytes).sum();
         // Keyless records pick a slot once, so a retry keeps them where they were headed.
         let slots: Vec<u64> = records
             .iter()
@@ -87,6 +88,7 @@ impl Broker {
             pending = self.append_routed(topic_id, &records, &slots, pending).await?;
             if pending.is_empty() {
                 self.notifier.notify(topic_id);
+                self.metrics.produced(topic, u64::from(count), bytes);
                 return Ok(count);
             }
             // Let the reshape that fenced the head finish before routing again.

@@ -188,6 +188,20 @@ impl Replication {
         self.heads.lock().expect("heads lock poisoned").get(&key).cloned()
     }
 
+    /// Records staged on this broker's heads that each follower has yet to make durable,
+    /// summed over the heads.
+    pub(crate) fn lag_by_follower(&self) -> BTreeMap<u64, u64> {
+        let heads: Vec<Arc<Head>> =
+            self.heads.lock().expect("heads lock poisoned").values().cloned().collect();
+        let mut lag = BTreeMap::new();
+        for head in heads {
+            for (node, records) in head.lock().machine.follower_lag() {
+                *lag.entry(node).or_insert(0) += records;
+            }
+        }
+        lag
+    }
+
     /// Forgets the heads and copies of segments that are no longer active.
     pub(crate) fn forget(&self, key: SegmentKey) {
         self.heads.lock().expect("heads lock poisoned").remove(&key);

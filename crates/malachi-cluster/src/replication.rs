@@ -146,6 +146,12 @@ impl Primary {
     }
 
     /// Records below this are durable on a quorum.
+    /// How many staged records each follower has yet to make durable.
+    pub fn follower_lag(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let staged_end = self.staged_end;
+        self.followers.iter().map(move |(&node, f)| (node, staged_end.saturating_sub(f.durable)))
+    }
+
     pub fn acked_end(&self) -> u64 {
         self.acked_end
     }

@@ -571,6 +571,17 @@ impl<M: StateMachine> RaftGroup<M> {
         read_applied(&self.applied).last_applied.as_ref().map(|log_id| log_id.index())
     }
 
+    /// Log entries this node holds but has not applied yet (its apply lag).
+    pub fn apply_lag(&self) -> u64 {
+        let last = self.raft.metrics().borrow().last_log_index;
+        let applied = self.applied_index();
+        match (last, applied) {
+            (Some(last), Some(applied)) => last.saturating_sub(applied),
+            (Some(last), None) => last + 1,
+            (None, _) => 0,
+        }
+    }
+
     /// Whether this node currently leads the group.
     pub fn is_leader(&self) -> bool {
         self.raft.is_leader()

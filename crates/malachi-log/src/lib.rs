@@ -21,9 +21,9 @@ pub use error::{AppendError, OpenError, PoisonCause, ReadError, SealError};
 pub use limits::{LimitError, Limits};
 pub use record::{Record, StoredRecord};
 pub use segment::{
-    AppendTicket, BadFrame, CleanClose, CommitStats, Committer, Damage, GroupCommitConfig,
-    ReadBatch, RecoveryReport, SealInfo, Segment, SegmentConfig, SegmentStatus, VerifyReport,
-    fence_path, is_unborn, segment_paths, verify_segment,
+    AppendTicket, BadFrame, CleanClose, CommitMetrics, CommitStats, Committer, Damage,
+    GroupCommitConfig, ReadBatch, RecoveryReport, SealInfo, Segment, SegmentConfig, SegmentStatus,
+    VerifyReport, fence_path, is_unborn, segment_paths, verify_segment,
 };
 pub use storage::{
     DIR_MODE, FILE_MODE, FilesystemSync, OpenMode, RealStorage, SimFaults, SimStorage, Storage,

@@ -70,6 +70,27 @@ pub(crate) async fn authenticate(
     }
 }
 
+/// A password login from outside the client port (the console's login form): the same checks
+/// in the same order as key 0 (lockout, the per-address rate limit, Argon2id on the server's
+/// password threads), recorded the same way (failures towards a lockout, the login metric).
+pub async fn password_login(
+    broker: &Arc<Broker>,
+    shared: &ServerShared,
+    peer: SocketAddr,
+    username: &str,
+    password: &str,
+) -> Result<Session, Reason> {
+    let login = Login { peer, transport: &Transport::Plain, broker, shared };
+    let request = AuthRequest {
+        username: Some(bytes::Bytes::copy_from_slice(username.as_bytes())),
+        password: Some(bytes::Bytes::copy_from_slice(password.as_bytes())),
+    };
+    let outcome = login.password(&request).await;
+    let counted = outcome.as_ref().map_or_else(|reason| reason.as_str(), |_| "ok");
+    broker.metrics().login("console", counted);
+    outcome.map(|(session, _)| session)
+}
+
 /// One login attempt's context.
 struct Login<'a> {
     peer: SocketAddr,
@@ -93,12 +114,14 @@ impl Login<'_> {
         let Ok(frame) = envelope.decode() else {
             return (0, Err(Reason::AuthRequired));
         };
-        let outcome = match frame.request {
-            Request::Auth(request) => self.password(&request).await,
-            Request::MtlsAuth(_) => self.certificate(),
-            Request::TokenAuth(request) => self.token(&request.jwt),
-            _ => Err(Reason::AuthRequired),
+        let (method, outcome) = match frame.request {
+            Request::Auth(request) => ("password", self.password(&request).await),
+            Request::MtlsAuth(_) => ("certificate", self.certificate()),
+            Request::TokenAuth(request) => ("token", self.token(&request.jwt)),
+            _ => return (corr, Err(Reason::AuthRequired)),
         };
+        let counted = outcome.as_ref().map_or_else(|reason| reason.as_str(), |_| "ok");
+        self.broker.metrics().login(method, counted);
         (corr, outcome)
     }
 

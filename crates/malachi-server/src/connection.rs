@@ -76,7 +76,10 @@ pub(crate) async fn serve(
     let _ = stream.set_nodelay(true);
     let slot = match shared.limits.admit(peer.ip()) {
         Ok(slot) => slot,
-        Err(reason) => return refuse(&mut stream, reason, &shared).await,
+        Err(reason) => {
+            broker.metrics().refused_for_rate("connection");
+            return refuse(&mut stream, reason, &shared).await;
+        }
     };
     let (read_half, write_half, transport): (ConnectionReader, ConnectionWriter, Transport) =
         match &shared.tls {
@@ -134,7 +137,10 @@ pub async fn serve_halves(
 ) {
     let slot = match shared.limits.admit(peer.ip()) {
         Ok(slot) => slot,
-        Err(reason) => return refuse(&mut write_half, reason, &shared).await,
+        Err(reason) => {
+            broker.metrics().refused_for_rate("connection");
+            return refuse(&mut write_half, reason, &shared).await;
+        }
     };
     serve_admitted(read_half, write_half, peer, Transport::Plain, slot, broker, shared).await;
 }
@@ -148,6 +154,7 @@ async fn serve_admitted(
     broker: Arc<Broker>,
     shared: Arc<ServerShared>,
 ) {
+    let _open = broker.metrics().connection_opened();
     let max_frame = broker.config().max_frame_bytes;
     let auth_max_frame = AUTH_FRAME_BYTES_MAX.min(max_frame);
     let mut frames = FramedRead::new(read_half, FrameCodec::new(auth_max_frame));

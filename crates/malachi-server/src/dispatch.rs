@@ -79,10 +79,15 @@ async fn produce(connection: &mut Connection, corr: u32, request: ProduceRequest
     let charged =
         connection.shared.quotas.charge_publish(user, records.len() as u64, bytes, now_ms);
     if let Err(reason) = charged {
+        connection.broker.metrics().refused_for_rate("publish");
         return Connection::refuse(corr, reason.as_str());
     }
+    let timer = malachi_broker::metrics::Timer::start();
     match connection.broker.produce(&topic, records, &mut connection.spread).await {
-        Ok(count) => Connection::reply(corr, Response::Produce(ProduceResponse { count })),
+        Ok(count) => {
+            timer.observe(&connection.broker.metrics().produce_ack_seconds);
+            Connection::reply(corr, Response::Produce(ProduceResponse { count }))
+        }
         Err(error) => Connection::refuse(corr, error.reason()),
     }
 }

@@ -25,7 +25,8 @@ use malachi_broker::auth::AuthRateLimiter;
 use malachi_broker::node::Broker;
 use tokio::net::TcpListener;
 
-pub use connection::{ConnectionReader, ConnectionWriter, serve_halves};
+pub use auth::password_login;
+pub use connection::{ConnectionReader, ConnectionWriter, Session, serve_halves};
 pub use limits::ConnectionLimits;
 
 /// State every connection of one server shares.
@@ -93,6 +94,11 @@ impl Server {
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// The state its connections share (the console logs users in through it too).
+    pub fn shared(&self) -> &Arc<ServerShared> {
+        &self.shared
     }
 
     /// Accepts connections until `shutdown` completes, then waits up to the configured grace

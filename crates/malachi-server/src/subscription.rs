@@ -56,6 +56,7 @@ pub(crate) fn open(connection: &Connection, corr: u32, request: SubscribeRequest
     let now_ms = connection.broker.clock().now_ms();
     let user = &connection.session.username;
     if let Err(reason) = connection.shared.quotas.charge_subscribe(user, now_ms) {
+        connection.broker.metrics().refused_for_rate("subscribe");
         return Connection::refuse(corr, reason.as_str());
     }
     let window = match request.window_records {

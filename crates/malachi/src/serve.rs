@@ -161,6 +161,7 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
             data_dir.join("admin.credentials").display()
         );
     }
+    let console = start_console(&broker, server.shared()).await?;
     let maintenance = broker.spawn_maintenance();
     let stop = async {
         tokio::select! {
@@ -170,6 +171,10 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
         }
     };
     server.run(stop).await;
+    if let Some((stop_console, console)) = console {
+        let _ = stop_console.send(());
+        let _ = console.await;
+    }
     maintenance.abort();
     if let Some(gossip) = gossip {
         gossip.leave().await;
@@ -177,6 +182,33 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     broker.shutdown().await;
     eprintln!("malachi stopped");
     Ok(())
+}
+
+/// Starts the HTTP port (`/health`, `/ready`, `/metrics`, the console) unless it is turned
+/// off; the sender stops it.
+async fn start_console(
+    broker: &Arc<Broker>,
+    shared: &Arc<malachi_server::ServerShared>,
+) -> Result<Option<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>)>, String> {
+    let config = broker.config();
+    if !config.dashboard.enabled {
+        return Ok(None);
+    }
+    let console = malachi_console::Console::bind(Arc::clone(broker), Arc::clone(shared))
+        .await
+        .map_err(|error| {
+            format!(
+                "binding the HTTP port {}:{} (MALACHI_DASHBOARD_PORT): {error}",
+                config.bind_address, config.dashboard.port
+            )
+        })?;
+    let address = console.local_addr().map_err(|error| error.to_string())?;
+    eprintln!("console, /metrics, /health and /ready on http://{address}");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(console.run(async move {
+        let _ = stopped.await;
+    }));
+    Ok(Some((stop, task)))
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (the default soft limit of 1,024 is too

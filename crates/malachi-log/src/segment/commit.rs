@@ -22,6 +22,8 @@
 //! which may be the round running while a later round's pages were being written back.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use std::time::Duration;
 
 use std::path::PathBuf;
@@ -49,9 +51,36 @@ pub struct CommitStats {
     pub checkpoints: u64,
 }
 
+/// What the group commit reports for operators (`/metrics`): the broker registers these same
+/// histograms (clones share their counts) in its registry.
+#[derive(Clone, Debug)]
+pub struct CommitMetrics {
+    /// Seconds one round takes to make its writes durable: the journal's write and
+    /// `fdatasync` (by default), or the segment files' writes and `fdatasync`s or `syncfs`.
+    pub sync_seconds: Histogram,
+    /// Bytes one round wrote, over every segment it made durable.
+    pub round_bytes: Histogram,
+    /// Segments one round made durable.
+    pub round_segments: Histogram,
+}
+
+impl Default for CommitMetrics {
+    fn default() -> CommitMetrics {
+        CommitMetrics {
+            // 50 us to about 1.6 s.
+            sync_seconds: Histogram::new(exponential_buckets(50e-6, 2.0, 16)),
+            // 1 KiB to 64 MiB.
+            round_bytes: Histogram::new(exponential_buckets(1024.0, 4.0, 9)),
+            // 1 to 1,024.
+            round_segments: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+        }
+    }
+}
+
 /// The node's group commit; shared by every segment the node has open.
 #[derive(Debug)]
 pub struct Committer {
+    metrics: CommitMetrics,
     /// The barrier for rounds of several segments: `syncfs` through this handle, or (`None`)
     /// `fdatasync` of each written file.
     filesystem: Option<Box<dyn FilesystemSync>>,
@@ -114,6 +143,7 @@ impl Committer {
         linger: Duration,
     ) -> Arc<Committer> {
         Arc::new(Committer {
+            metrics: CommitMetrics::default(),
             filesystem,
             parallel_syncs: parallel_syncs.max(1),
             linger,
@@ -144,6 +174,7 @@ impl Committer {
             eighths_kicked: 0,
         };
         Arc::new(Committer {
+            metrics: CommitMetrics::default(),
             filesystem,
             parallel_syncs: parallel_syncs.max(1),
             linger,
@@ -176,6 +207,11 @@ impl Committer {
 
     pub fn stats(&self) -> CommitStats {
         self.lock().stats
+    }
+
+    /// The histograms this committer's rounds fill.
+    pub fn metrics(&self) -> &CommitMetrics {
+        &self.metrics
     }
 
     /// Registers a segment that has just staged its first pending record.
@@ -226,12 +262,20 @@ impl Committer {
             .filter_map(Weak::upgrade)
             .filter_map(|segment| segment.take_job().map(|job| (segment, job)))
             .collect();
+        // Measured for operators only: nothing decides on it.
+        let started = std::time::Instant::now();
         let journaled = if fail_this { None } else { self.journaled_round(&jobs) };
         let (outcomes, barrier) = match journaled {
             Some(done) => done,
             None => self.write_and_sync(&jobs, fail_this),
         };
         let batches = jobs.len();
+        if batches > 0 {
+            let bytes: usize = jobs.iter().map(|(_, job)| job.buffer.len()).sum();
+            self.metrics.sync_seconds.observe(started.elapsed().as_secs_f64());
+            self.metrics.round_bytes.observe(bytes as f64);
+            self.metrics.round_segments.observe(batches as f64);
+        }
         for ((segment, job), outcome) in jobs.into_iter().zip(outcomes) {
             segment.finish_job(job, outcome);
         }

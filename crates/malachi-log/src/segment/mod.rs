@@ -15,7 +15,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-pub use self::commit::{CommitStats, Committer};
+pub use self::commit::{CommitMetrics, CommitStats, Committer};
 pub use self::core::{AppendTicket, CleanClose, Damage, GroupCommitConfig, SealInfo};
 pub use self::scan::BadFrame;
 

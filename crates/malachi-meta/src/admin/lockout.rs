@@ -8,6 +8,8 @@
 //! again from zero and may be pruned. Beyond `max_lockout_entries` pairs the least recently
 //! failed one is evicted, so a spray of usernames or addresses cannot grow the state unbounded.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::users::check_username;
@@ -86,6 +88,11 @@ impl AdminState {
     pub fn locked_until(&self, username: &str, address: &str, now_ms: u64) -> Option<u64> {
         let entry = self.lockouts.get(username)?.get(address)?;
         entry.locked_until_ms.filter(|&until| until > now_ms)
+    }
+
+    /// (user, address) pairs locked out at `now_ms`.
+    pub fn locked_count(&self, now_ms: u64) -> usize {
+        self.lockouts.values().flat_map(BTreeMap::values).filter(|e| e.is_locked(now_ms)).count()
     }
 
     pub fn lockout_entry(&self, username: &str, address: &str) -> Option<&LockoutEntry> {
