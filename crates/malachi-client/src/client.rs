@@ -511,6 +511,16 @@ impl Client {
     }
 
     /// Key 72: each segment with its replica set, and what each copy's broker reports of it.
+    /// Key 73: the lag of `group` on `topic`, or (`None`) of every group that committed there.
+    pub async fn group_lag(
+        &self,
+        topic: &str,
+        group: Option<&str>,
+    ) -> Result<GroupLagResponse, ClientError> {
+        let request = GroupLagRequest { topic: Some(text(topic)), group: group.map(text) };
+        Ok(call!(self, GroupLag(request)))
+    }
+
     pub async fn describe_segments(
         &self,
         topic: &str,

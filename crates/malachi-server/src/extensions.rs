@@ -1,14 +1,15 @@
-//! Malachi's own keys 64-72 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
-//! create with an initial range count, the cluster's status, removing a broker, and each
-//! segment's copies. The original protocol has no keys for these.
+//! Malachi's own keys 64-73 (`docs/protocol.md`): topic listing, describe, delete, split, merge,
+//! create with an initial range count, the cluster's status, removing a broker, each segment's
+//! copies, and consumer lag. The original protocol has no keys for these.
 
 use malachi_broker::describe;
 use malachi_meta::Operation;
 use malachi_wire::limits::ENVELOPE_BYTES;
 use malachi_wire::messages::{
     ClusterBroker, ClusterGroup, ClusterStatusResponse, CopyDescription, DescribeSegmentsResponse,
-    DescribeTopicResponse, Empty, ListTopicsResponse, MergeRangesResponse, RangeDescription,
-    RangeState, SegmentDescription, SegmentState, SplitRangeResponse,
+    DescribeTopicResponse, Empty, GroupLagDescription, GroupLagResponse, LagStanding,
+    ListTopicsResponse, MergeRangesResponse, RangeDescription, RangeLagDescription, RangeState,
+    SegmentDescription, SegmentState, SplitRangeResponse,
 };
 use malachi_wire::{Reason, Request, Response, Wire};
 
@@ -21,6 +22,9 @@ pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Requ
         Request::DescribeTopic(request) => describe(connection, text(&request.topic)).await,
         Request::DescribeSegments(request) => {
             describe_segments(connection, text(&request.topic)).await
+        }
+        Request::GroupLag(request) => {
+            group_lag(connection, text(&request.topic), text(&request.group)).await
         }
         Request::DeleteTopic(request) => {
             let topic = text(&request.topic).unwrap_or_default();
@@ -176,6 +180,66 @@ async fn describe_segments(
     let room_bytes = frame_bytes_max.saturating_sub(ENVELOPE_BYTES).saturating_sub(empty_bytes);
     answer.segments = first_fitting(described.iter().map(segment_to_wire).collect(), room_bytes);
     Ok(Response::DescribeSegments(answer))
+}
+
+/// The lag of one group, or of every group that committed on the topic (as many as fit in one
+/// frame, in group name order).
+async fn group_lag(
+    connection: &Connection,
+    topic: Option<String>,
+    group: Option<String>,
+) -> Result<Response, String> {
+    let topic = topic.ok_or_else(|| Reason::NoSuchTopic.as_str().to_string())?;
+    if !connection.permitted(Operation::Consume, &topic) {
+        return Err(Reason::PermissionDenied.as_str().to_string());
+    }
+    let broker = &connection.broker;
+    let lags = match group {
+        Some(group) => broker.group_lag(&topic, &group).await.map(|lag| vec![lag]),
+        None => broker.topic_group_lags(&topic).await,
+    };
+    let lags = lags.map_err(|error| error.reason())?;
+    let mut answer = GroupLagResponse { topic: text_bytes(&topic), groups: Vec::new() };
+    let frame_bytes_max = broker.config().max_frame_bytes as usize;
+    let room_bytes = frame_bytes_max.saturating_sub(ENVELOPE_BYTES);
+    for lag in &lags {
+        answer.groups.push(group_lag_to_wire(lag));
+        let fits = answer.encode_to_bytes().is_ok_and(|bytes| bytes.len() <= room_bytes);
+        if !fits {
+            answer.groups.pop();
+            break;
+        }
+    }
+    Ok(Response::GroupLag(answer))
+}
+
+fn group_lag_to_wire(lag: &malachi_broker::lag::GroupLag) -> GroupLagDescription {
+    use malachi_broker::lag::Standing;
+    let ranges = lag
+        .ranges
+        .iter()
+        .map(|range| {
+            let (standing, position) = match range.standing {
+                Standing::At(offset) => (LagStanding::At, offset),
+                Standing::Drained => (LagStanding::Drained, 0),
+                Standing::Ahead => (LagStanding::Ahead, 0),
+            };
+            RangeLagDescription {
+                range_id: range.range_id,
+                state: if range.active { RangeState::Active } else { RangeState::Sealed },
+                standing,
+                position,
+                end: range.end,
+                lag: range.lag,
+            }
+        })
+        .collect();
+    GroupLagDescription {
+        group: text_bytes(&lag.group),
+        total: lag.total,
+        updated_ms: lag.updated_ms,
+        ranges,
+    }
 }
 
 /// The first of `segments` whose encodings fit in `room_bytes` together.

@@ -194,6 +194,9 @@ pub(crate) fn arb_request_for(key: ApiKey) -> BoxedStrategy<Request> {
         ApiKey::DescribeSegments => opt_str()
             .prop_map(|topic| Request::DescribeSegments(DescribeSegmentsRequest { topic }))
             .boxed(),
+        ApiKey::GroupLag => (opt_str(), opt_str())
+            .prop_map(|(topic, group)| Request::GroupLag(GroupLagRequest { topic, group }))
+            .boxed(),
     }
 }
 
@@ -333,6 +336,7 @@ pub(crate) fn arb_response_for(key: ApiKey) -> BoxedStrategy<Response> {
         ApiKey::DescribeSegments => {
             arb_describe_segments().prop_map(Response::DescribeSegments).boxed()
         }
+        ApiKey::GroupLag => arb_group_lag().prop_map(Response::GroupLag).boxed(),
         ApiKey::StreamAck | ApiKey::Append | ApiKey::ConsumeAck => {
             unreachable!("{key} has no ok reply; callers filter with has_reply")
         }
@@ -516,6 +520,30 @@ fn arb_describe_segments() -> impl Strategy<Value = DescribeSegmentsResponse> {
     );
     (opt_str(), vec(segment, 0..3))
         .prop_map(|(topic, segments)| DescribeSegmentsResponse { topic, segments })
+}
+
+fn arb_group_lag() -> impl Strategy<Value = GroupLagResponse> {
+    let state = select(vec![RangeState::Active, RangeState::Sealed]);
+    let standing = select(vec![LagStanding::At, LagStanding::Drained, LagStanding::Ahead]);
+    let range = (any::<u32>(), state, standing, any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(range_id, state, standing, position, end, lag)| RangeLagDescription {
+            range_id,
+            state,
+            standing,
+            position,
+            end,
+            lag,
+        },
+    );
+    let group = (opt_str(), any::<u64>(), any::<u64>(), vec(range, 0..4)).prop_map(
+        |(group, total, updated_ms, ranges)| GroupLagDescription {
+            group,
+            total,
+            updated_ms,
+            ranges,
+        },
+    );
+    (opt_str(), vec(group, 0..3)).prop_map(|(topic, groups)| GroupLagResponse { topic, groups })
 }
 
 fn arb_route_segment() -> impl Strategy<Value = RouteSegment> + Clone {

@@ -1,4 +1,4 @@
-//! Golden vectors for Malachi's own keys 64–72, one request and one ok answer each, in the
+//! Golden vectors for Malachi's own keys 64–73, one request and one ok answer each, in the
 //! notation of section 6 (`docs/protocol.md` repeats them). Computed by a small independent
 //! Python encoder written from the layouts in `docs/protocol.md`; they pin the bytes so the
 //! server, the client and the document cannot drift apart.
@@ -21,6 +21,30 @@ enum Golden {
 
 fn orders() -> Option<Bytes> {
     Some(Bytes::from_static(b"orders"))
+}
+
+fn g1() -> Option<Bytes> {
+    Some(Bytes::from_static(b"g1"))
+}
+
+/// E19: group g1 on `orders`, last committed at `TS`: range 0 (sealed) drained, range 1 at 7
+/// of 10, range 2 not reached yet with 3 records.
+fn lag_described() -> GroupLagResponse {
+    let range = |range_id, state, standing, position, end, lag| RangeLagDescription {
+        range_id,
+        state,
+        standing,
+        position,
+        end,
+        lag,
+    };
+    let ranges = vec![
+        range(0, RangeState::Sealed, LagStanding::Drained, 0, 10, 0),
+        range(1, RangeState::Active, LagStanding::At, 7, 10, 3),
+        range(2, RangeState::Active, LagStanding::Ahead, 0, 3, 3),
+    ];
+    let group = GroupLagDescription { group: g1(), total: 6, updated_ms: timestamp(0), ranges };
+    GroupLagResponse { topic: orders(), groups: vec![group] }
 }
 
 fn request(corr: u32, request: Request) -> Golden {
@@ -242,6 +266,20 @@ fn vectors() -> Vec<(&'static str, &'static str, Golden)> {
             ok(28, Response::DescribeSegments(segments_described())),
         ),
         (
+            "E18 group_lag request, group g1",
+            "00000018 0049 0000001d 01 00000006 6f7264657273 01 00000002 6731",
+            request(29, Request::GroupLag(GroupLagRequest { topic: orders(), group: g1() })),
+        ),
+        (
+            "E19 group_lag ok",
+            "0000008a 0000001d 0000 01 00000006 6f7264657273 00000001
+             01 00000002 6731 0000000000000006 0000019b76daa800 00000003
+             00000000 01 01 0000000000000000 000000000000000a 0000000000000000
+             00000001 00 00 0000000000000007 000000000000000a 0000000000000003
+             00000002 00 02 0000000000000000 0000000000000003 0000000000000003",
+            ok(29, Response::GroupLag(lag_described())),
+        ),
+        (
             "E13 split_range refused",
             "00000016 00000017 0001 01 0000000b 6e6f745f62756464696573",
             Golden::Response(
@@ -315,9 +353,14 @@ fn extension_payloads_are_exact() {
             ),
         ),
         (
-            "key 73 is unknown",
-            "0049 00000006",
-            RequestError::UnknownApiKey { api_key: 73, corr: 6 },
+            "group_lag without its group",
+            "0049 00000007 01 00000001 61",
+            malformed(ApiKey::GroupLag, 7, DecodeError::Truncated { needed: 1, remaining: 0 }),
+        ),
+        (
+            "key 74 is unknown",
+            "004a 00000006",
+            RequestError::UnknownApiKey { api_key: 74, corr: 6 },
         ),
     ];
     for (name, body, expected) in cases {

@@ -104,6 +104,7 @@ requests! {
     ClusterStatus(Empty),
     RemoveBroker(RemoveBrokerRequest),
     DescribeSegments(DescribeSegmentsRequest),
+    GroupLag(GroupLagRequest),
 }
 
 /// A request body split into its envelope fields, the payload not yet decoded.

@@ -106,6 +106,7 @@ responses! {
         ClusterStatus(ClusterStatusResponse),
         RemoveBroker(Empty),
         DescribeSegments(DescribeSegmentsResponse),
+        GroupLag(GroupLagResponse),
     }
     no_reply { StreamAck, Append, ConsumeAck }
 }

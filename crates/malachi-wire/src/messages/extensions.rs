@@ -114,6 +114,60 @@ pub struct CopyDescription {
     pub sealed: bool,
 }
 
+/// Key 73: consumer lag on a topic, of one group or of every group that committed there.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupLagRequest {
+    pub topic: Option<Bytes>,
+    /// Absent: every group that committed on the topic.
+    pub group: Option<Bytes>,
+}
+
+/// Key 73's ok answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupLagResponse {
+    pub topic: Option<Bytes>,
+    /// `list32`, sorted by group name.
+    pub groups: Vec<GroupLagDescription>,
+}
+
+/// One group of a [`GroupLagResponse`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLagDescription {
+    pub group: Option<Bytes>,
+    /// Records behind, over every range.
+    pub total: u64,
+    /// When the group last committed, ms since the epoch; 0 if it never did.
+    pub updated_ms: u64,
+    /// `list32`, every range of the topic in `range_id` order.
+    pub ranges: Vec<RangeLagDescription>,
+}
+
+/// Where a group stands in one range (`u8` 0, 1 or 2; any other value malformed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum LagStanding {
+    /// At `position`, the next range-wide offset it reads.
+    At = 0,
+    /// It read every record of this sealed range.
+    Drained = 1,
+    /// It has not reached this range yet (it reads all of it after its ancestors).
+    Ahead = 2,
+}
+
+/// One range of a [`GroupLagDescription`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RangeLagDescription {
+    pub range_id: u32,
+    pub state: RangeState,
+    pub standing: LagStanding,
+    /// The next range-wide offset the group reads; 0 unless `standing` is `At`.
+    pub position: u64,
+    /// Range-wide offset one past the range's last record.
+    pub end: u64,
+    /// Records between the group's position and `end` that it will read.
+    pub lag: u64,
+}
+
 /// Key 66 (admin). Ok answer: [`crate::messages::Empty`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeleteTopicRequest {
@@ -450,6 +504,88 @@ impl Wire for CopyDescription {
     }
 }
 
+impl Wire for GroupLagRequest {
+    const WIRE_BYTES_MIN: usize = 1 + 1;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())?;
+        writer.str(self.group.as_deref())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(GroupLagRequest { topic: reader.str()?, group: reader.str()? })
+    }
+}
+
+impl Wire for GroupLagResponse {
+    const WIRE_BYTES_MIN: usize = 1 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.topic.as_deref())?;
+        writer.list32(&self.groups)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(GroupLagResponse { topic: reader.str()?, groups: reader.list32()? })
+    }
+}
+
+impl Wire for GroupLagDescription {
+    /// group (absent), total, updated_ms, an empty list32.
+    const WIRE_BYTES_MIN: usize = 1 + 8 + 8 + 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.str(self.group.as_deref())?;
+        writer.u64(self.total);
+        writer.u64(self.updated_ms);
+        writer.list32(&self.ranges)
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(GroupLagDescription {
+            group: reader.str()?,
+            total: reader.u64()?,
+            updated_ms: reader.u64()?,
+            ranges: reader.list32()?,
+        })
+    }
+}
+
+impl Wire for RangeLagDescription {
+    /// range_id, state, standing, position, end, lag.
+    const WIRE_BYTES_MIN: usize = 4 + 1 + 1 + 8 + 8 + 8;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u32(self.range_id);
+        writer.u8(self.state as u8);
+        writer.u8(self.standing as u8);
+        writer.u64(self.position);
+        writer.u64(self.end);
+        writer.u64(self.lag);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(RangeLagDescription {
+            range_id: reader.u32()?,
+            state: match reader.u8()? {
+                0 => RangeState::Active,
+                1 => RangeState::Sealed,
+                tag => return Err(DecodeError::UnknownTag { field: "range state", tag }),
+            },
+            standing: match reader.u8()? {
+                0 => LagStanding::At,
+                1 => LagStanding::Drained,
+                2 => LagStanding::Ahead,
+                tag => return Err(DecodeError::UnknownTag { field: "lag standing", tag }),
+            },
+            position: reader.u64()?,
+            end: reader.u64()?,
+            lag: reader.u64()?,
+        })
+    }
+}
+
 impl Wire for DeleteTopicRequest {
     const WIRE_BYTES_MIN: usize = 1;
 
@@ -579,6 +715,8 @@ mod tests {
         };
         assert_minimal("DescribeSegmentsRequest", &DescribeSegmentsRequest::default());
         assert_minimal("DescribeSegmentsResponse", &DescribeSegmentsResponse::default());
+        assert_minimal("GroupLagRequest", &GroupLagRequest::default());
+        assert_minimal("GroupLagResponse", &GroupLagResponse::default());
         assert_minimal("SegmentDescription", &segment);
         assert_minimal("CopyDescription", &CopyDescription::default());
     }

@@ -1,4 +1,4 @@
-//! The client commands: topic, produce, consume, user, acl, policy, cluster. Each connects with
+//! The client commands: topic, produce, consume, group, user, acl, policy, cluster. Each connects with
 //! `malachi-client`, does one job and prints plain text (or JSON lines for `consume --json`).
 //!
 //! Failures come back as one line: what was being done, the server's reason text as sent, and
@@ -7,6 +7,7 @@
 
 mod cluster;
 mod consume;
+mod group;
 mod output;
 mod policy;
 mod produce;
@@ -39,6 +40,8 @@ pub enum ClientCommand {
     Policy(policy::PolicyArgs),
     /// The cluster's brokers and Raft groups (admin).
     Cluster(cluster::ClusterArgs),
+    /// Consumer groups and their lag.
+    Group(group::GroupArgs),
 }
 
 pub fn run(command: ClientCommand) -> Result<(), String> {
@@ -55,6 +58,7 @@ pub fn run(command: ClientCommand) -> Result<(), String> {
             ClientCommand::Acl(args) => users::run_acl(args).await,
             ClientCommand::Policy(args) => policy::run(args).await,
             ClientCommand::Cluster(args) => cluster::run(args).await,
+            ClientCommand::Group(args) => group::run(args).await,
         }
     })
 }
