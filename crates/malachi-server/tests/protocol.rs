@@ -7,7 +7,7 @@ use bytes::Bytes;
 use harness::{WireClient, auth, reason, start, text};
 use malachi_wire::messages::{
     AclRequest, CopyDescription, CreateTopicRequest, DescribeSegmentsRequest, FetchRequest,
-    ProduceRequest, SegmentState, StreamAckRequest, SubscribeRequest,
+    GroupLagRequest, ProduceRequest, SegmentState, StreamAckRequest, SubscribeRequest,
 };
 use malachi_wire::{Expect, Record, Request, Response, ResponseBody};
 use proptest::prelude::*;
@@ -165,6 +165,74 @@ async fn describe_segments_needs_a_grant_and_shows_each_copy() {
     };
     assert_eq!(head.copies, [copy]);
     let absent = admin.call(describe_segments("absent")).await.unwrap();
+    assert_eq!(reason(&absent), "no_such_topic");
+}
+
+fn group_lag(topic: &str, group: Option<&str>) -> Request {
+    Request::GroupLag(GroupLagRequest { topic: text(topic), group: group.and_then(text) })
+}
+
+/// (group, total lag) of each group a key 73 answer holds.
+fn lags(frame: &malachi_wire::ResponseFrame) -> Vec<(String, u64)> {
+    match &frame.body {
+        ResponseBody::Ok(Response::GroupLag(answer)) => answer
+            .groups
+            .iter()
+            .map(|g| {
+                (String::from_utf8_lossy(g.group.as_deref().unwrap_or_default()).into(), g.total)
+            })
+            .collect(),
+        other => panic!("expected lags, got {other:?}"),
+    }
+}
+
+/// Key 73 needs consume on the topic, and counts what each group has yet to read: a group that
+/// read 2 of 5 records is 3 behind, one that never committed all 5, and a commit moves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_lag_counts_what_each_group_has_left() {
+    let server = start(&[("ACL_STRICT", "true")]).await;
+    let mut consumer = WireClient::login(server.address, "consumer", "consumer123").await;
+    let mut admin = WireClient::login(server.address, "admin", "admin-password-long").await;
+    admin.call(create("orders")).await.unwrap();
+    admin.call(produce("orders", &["a", "b", "c", "d", "e"])).await.unwrap();
+    let read = |max| malachi_broker::fetch::FetchArgs {
+        topic: "orders",
+        cursor: None,
+        group: None,
+        member: None,
+        max,
+        wait_ms: 0,
+        total_max: None,
+    };
+    let page = server.broker.fetch(&read(2)).await.unwrap();
+    let cursor = page.next_cursor.clone();
+    server.broker.commit("orders", "billing", Some(cursor.as_bytes())).await.unwrap();
+    assert_eq!(
+        reason(&consumer.call(group_lag("orders", None)).await.unwrap()),
+        "permission_denied"
+    );
+    let grant = Request::GrantAcl(AclRequest {
+        username: text("consumer"),
+        operation: text("consume"),
+        pattern: text("orders"),
+    });
+    assert!(matches!(admin.call(grant).await.unwrap().body, ResponseBody::Ok(_)));
+    let cases: &[(Option<&str>, Vec<(&str, u64)>)] = &[
+        (None, vec![("billing", 3)]),
+        (Some("billing"), vec![("billing", 3)]),
+        (Some("never"), vec![("never", 5)]),
+    ];
+    for (group, expected) in cases {
+        let answer = consumer.call(group_lag("orders", *group)).await.unwrap();
+        let expected: Vec<(String, u64)> =
+            expected.iter().map(|(name, lag)| (name.to_string(), *lag)).collect();
+        assert_eq!(lags(&answer), expected, "{group:?}");
+    }
+    let page = server.broker.fetch(&read(100)).await.unwrap();
+    server.broker.commit("orders", "billing", Some(page.next_cursor.as_bytes())).await.unwrap();
+    let answer = consumer.call(group_lag("orders", Some("billing"))).await.unwrap();
+    assert_eq!(lags(&answer), vec![("billing".to_string(), 0)], "caught up");
+    let absent = admin.call(group_lag("absent", None)).await.unwrap();
     assert_eq!(reason(&absent), "no_such_topic");
 }
 

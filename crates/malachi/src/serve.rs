@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// [env: MALACHI_LOG_ATTRIBUTES]
     #[arg(long)]
     attributes: Option<String>,
+    /// HTTP port of the console, /metrics, /health and /ready, on the bind address; 0 picks a
+    /// free one [env: MALACHI_DASHBOARD_PORT] [default: 4041]
+    #[arg(long)]
+    dashboard_port: Option<u16>,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), String> {
@@ -98,6 +102,9 @@ fn load_config(args: &ServeArgs) -> Result<BrokerConfig, String> {
     }
     if let Some(attributes) = &args.attributes {
         flags.insert("LOG_ATTRIBUTES".to_string(), attributes.clone());
+    }
+    if let Some(port) = args.dashboard_port {
+        flags.insert("DASHBOARD_PORT".to_string(), port.to_string());
     }
     let file = match &args.config {
         Some(path) => read_toml(path)?,

@@ -50,6 +50,7 @@ fn run_node_smoke(dir: &Path, env: &[(&str, String)], extra_args: &[String]) {
         // The spec's account has a six-character password, below the default minimum of 12.
         .env("MALACHI_MIN_PASSWORD_LEN", "6")
         .env("MALACHI_JOURNAL_BYTES", "4194304")
+        .env("MALACHI_DASHBOARD_PORT", common::free_port().to_string())
         .envs(env.iter().map(|(name, value)| (name, value)))
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod http;
 pub mod load;
 
 use std::net::TcpListener;
@@ -66,6 +67,8 @@ pub struct BrokerProcess {
     /// The address the broker binds and clients dial (127.0.0.1 unless on a test host).
     pub host: String,
     pub port: u16,
+    /// The HTTP port (`/health`, `/ready`, `/metrics`, the console).
+    pub dashboard_port: u16,
     /// A command the broker runs under (`ip netns exec <host>` for a test host).
     pub wrapper: Vec<String>,
     pub env: Vec<(String, String)>,
@@ -79,6 +82,7 @@ impl BrokerProcess {
             dir: dir.to_path_buf(),
             host: "127.0.0.1".into(),
             port: free_port(),
+            dashboard_port: free_port(),
             wrapper: Vec::new(),
             env: Vec::new(),
             pre_exec: None,
@@ -114,6 +118,7 @@ impl BrokerProcess {
             .args(["serve", "--data-dir"])
             .arg(self.dir.join("data"))
             .args(["--port", &self.port.to_string(), "--bind", &self.host])
+            .args(["--dashboard-port", &self.dashboard_port.to_string()])
             .env("MALACHI_ADMIN_PASS", "admin-password-long")
             .env("MALACHI_DEFAULT_USERS", format!("app:{PASSWORD}:produce,consume"))
             .env("MALACHI_AUTO_SPLIT_ENABLED", "false")
@@ -136,6 +141,15 @@ impl BrokerProcess {
 
     pub async fn connect(&self) -> Client {
         self.connect_as("app", PASSWORD).await
+    }
+
+    /// One login attempt, no retries.
+    pub async fn try_connect_as(
+        &self,
+        user: &str,
+        password: &str,
+    ) -> Result<Client, malachi_client::ClientError> {
+        Client::connect(ClientConfig::new(self.address()).credentials(user, password)).await
     }
 
     pub async fn connect_as(&self, user: &str, password: &str) -> Client {

@@ -1,0 +1,270 @@
+//! The HTTP port of a real `malachi serve`: `/health`, `/ready`, `/metrics` scraped and parsed
+//! (every line well-formed, the figures agreeing with what was produced, fetched and
+//! committed), and the console's login, sessions and the guards on its admin actions.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::BrokerProcess;
+use common::http::{self, Answer};
+use malachi_client::{FetchOptions, RecordBuilder};
+
+struct Broker {
+    process: BrokerProcess,
+    _child: ChildGuard,
+}
+
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Broker {
+    fn start(dir: &std::path::Path, env: &[(&str, &str)]) -> Broker {
+        let mut process = BrokerProcess::new(dir);
+        for (name, value) in env {
+            process = process.env(name, *value);
+        }
+        let child = ChildGuard(process.spawn());
+        Broker { process, _child: child }
+    }
+
+    fn http(&self) -> String {
+        format!("127.0.0.1:{}", self.process.dashboard_port)
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        http::get(&self.http(), path, headers).await
+    }
+
+    /// Waits until the HTTP port answers `/ready` with 200.
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let answered = tokio::net::TcpStream::connect(self.http()).await.is_ok();
+            if answered && self.get("/ready", &[]).await.status == 200 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never ready: {}", self.process.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Logs in to the console; the session cookie (`name=value`).
+    async fn login(&self, user: &str, password: &str) -> Result<String, String> {
+        let form = format!("username={user}&password={password}");
+        let headers = [("content-type", "application/x-www-form-urlencoded")];
+        let answer = http::call(&self.http(), "POST", "/login", &headers, Some(&form)).await;
+        assert_eq!(answer.status, 303, "{answer:?}");
+        match answer.header("set-cookie") {
+            Some(cookie) => Ok(cookie.to_string()),
+            None => Err(answer.header("location").unwrap_or_default().to_string()),
+        }
+    }
+}
+
+fn cookie_pair(set_cookie: &str) -> String {
+    set_cookie.split(';').next().unwrap().to_string()
+}
+
+/// The value of the sample `series` (`name{labels}` exactly as the text writes it).
+fn sample(samples: &std::collections::BTreeMap<String, f64>, series: &str) -> f64 {
+    *samples.get(series).unwrap_or_else(|| panic!("no {series} in {samples:#?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_ready_and_metrics_tell_what_happened() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), &[]);
+    broker.wait_ready().await;
+    let health = broker.get("/health", &[]).await;
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let ready = broker.get("/ready", &[]).await;
+    assert_eq!((ready.status, ready.body.as_str()), (200, "ready\n"));
+
+    let client = broker.process.connect().await;
+    client.create_topic("orders").await.unwrap();
+    for batch in 0..4 {
+        let records: Vec<_> = (0..25)
+            .map(|n| RecordBuilder::new(format!("b{batch}-{n}")).key(format!("k{n}")).build())
+            .collect();
+        client.produce("orders", records).await.unwrap();
+    }
+    let options =
+        FetchOptions { max: 30, group: Some("billing".into()), ..FetchOptions::default() };
+    let (page, cursor) = client.fetch("orders", &options).await.unwrap();
+    client.commit("orders", "billing", &cursor).await.unwrap();
+    let read = page.len() as f64;
+
+    let metrics = broker.get("/metrics", &[]).await;
+    assert_eq!(metrics.status, 200);
+    let content_type = metrics.header("content-type").unwrap();
+    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+    let samples = http::parse_prometheus(&metrics.body);
+    let cases: &[(&str, f64)] = &[
+        ("malachi_produced_records_total{topic=\"orders\"}", 100.0),
+        ("malachi_fetched_records_total{topic=\"orders\"}", read),
+        ("malachi_consumer_lag_records{topic=\"orders\",group=\"billing\"}", 100.0 - read),
+        ("malachi_produce_ack_seconds_count", 4.0),
+        ("malachi_topic_ranges{topic=\"orders\"}", 1.0),
+        ("malachi_segments{state=\"active\"}", 1.0),
+        ("malachi_logins_total{method=\"password\",outcome=\"ok\"}", 1.0),
+        ("malachi_connections", 1.0),
+        ("malachi_raft_is_leader{group=\"vnode-1\"}", 1.0),
+        ("malachi_raft_leader{group=\"admin\"}", 1.0),
+        ("malachi_broker_status{node_id=\"1\"}", 0.0),
+        ("malachi_under_replicated_segments", 0.0),
+    ];
+    for (series, expected) in cases {
+        assert_eq!(sample(&samples, series), *expected, "{series}");
+    }
+    assert!(sample(&samples, "malachi_commit_sync_seconds_count") >= 1.0);
+    assert!(sample(&samples, "malachi_produced_bytes_total{topic=\"orders\"}") > 0.0);
+    let ack_sum = sample(&samples, "malachi_produce_ack_seconds_sum");
+    assert!(ack_sum > 0.0 && ack_sum < 60.0, "ack seconds {ack_sum}");
+
+    // A wrong password shows in the login outcomes.
+    let wrong = broker.process.try_connect_as("app", "not-the-password").await;
+    assert!(wrong.is_err());
+    let samples = http::parse_prometheus(&broker.get("/metrics", &[]).await.body);
+    let refused = "malachi_logins_total{method=\"password\",outcome=\"invalid_credentials\"}";
+    assert_eq!(sample(&samples, refused), 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_needs_an_admin_session_and_guards_its_actions() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), &[]);
+    broker.wait_ready().await;
+    broker
+        .process
+        .connect_as("admin", "admin-password-long")
+        .await
+        .create_topic("orders")
+        .await
+        .unwrap();
+
+    // Without a session: the page sends to the login, the API refuses.
+    let page = broker.get("/", &[]).await;
+    assert_eq!((page.status, page.header("location")), (303, Some("/login")));
+    assert_eq!(broker.get("/api/overview", &[]).await.status, 401);
+    let login_page = broker.get("/login", &[]).await;
+    assert_eq!(login_page.status, 200);
+    let csp = login_page.header("content-security-policy").unwrap();
+    assert!(csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"), "{csp}");
+
+    // Refused logins: each says why, and starts no session.
+    let refusals = [
+        ("admin", "wrong-password-x", "/login?error=invalid_credentials"),
+        ("app", common::PASSWORD, "/login?error=admin_required"),
+    ];
+    for (user, password, location) in refusals {
+        assert_eq!(broker.login(user, password).await, Err(location.to_string()), "{user}");
+    }
+
+    let set_cookie = broker.login("admin", "admin-password-long").await.unwrap();
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(set_cookie.contains(flag), "{flag} in {set_cookie}");
+    }
+    assert!(!set_cookie.contains("Secure"), "plain HTTP: {set_cookie}");
+    let cookie = cookie_pair(&set_cookie);
+    let session = [("cookie", cookie.as_str())];
+    assert_eq!(broker.get("/", &session).await.status, 200);
+    let overview = broker.get("/api/overview", &session).await.json();
+    assert_eq!(overview["topics"][0]["name"], "orders");
+    assert_eq!(overview["viewer"]["username"], "admin");
+    let csrf = overview["viewer"]["csrf"].as_str().unwrap().to_string();
+
+    // An admin action needs the session, the CSRF token, and no other site's origin.
+    let split = |headers: Vec<(&'static str, String)>| {
+        let address = broker.http();
+        async move {
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(name, value)| (*name, value.as_str())).collect();
+            let body = r#"{"range_id":0}"#;
+            http::call(&address, "POST", "/api/topics/orders/split", &headers, Some(body)).await
+        }
+    };
+    let json = ("content-type", "application/json".to_string());
+    let with_cookie = ("cookie", cookie.clone());
+    let cases: Vec<(Vec<(&str, String)>, u16, &str)> = vec![
+        (vec![json.clone(), ("x-malachi-csrf", csrf.clone())], 401, "login_required"),
+        (vec![json.clone(), with_cookie.clone()], 403, "csrf_token_mismatch"),
+        (
+            vec![json.clone(), with_cookie.clone(), ("x-malachi-csrf", "forged".into())],
+            403,
+            "csrf_token_mismatch",
+        ),
+        (
+            vec![
+                json.clone(),
+                with_cookie.clone(),
+                ("x-malachi-csrf", csrf.clone()),
+                ("origin", "http://evil.example".into()),
+            ],
+            403,
+            "cross_site_request",
+        ),
+    ];
+    for (headers, status, reason) in cases {
+        let answer = split(headers).await;
+        assert_eq!((answer.status, answer.json()["error"].as_str()), (status, Some(reason)));
+    }
+    let topic = broker.get("/api/topics/orders", &session).await.json();
+    assert_eq!(topic["ranges"].as_array().unwrap().len(), 1, "nothing split yet");
+    let done =
+        split(vec![json.clone(), with_cookie.clone(), ("x-malachi-csrf", csrf.clone())]).await;
+    assert_eq!(done.status, 200, "{done:?}");
+    assert_eq!(done.json()["low"], 1);
+    let topic = broker.get("/api/topics/orders", &session).await.json();
+    let active: Vec<bool> = topic["ranges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["active"].as_bool().unwrap())
+        .collect();
+    assert_eq!(active, [false, true, true], "range 0 split into 1 and 2");
+
+    // After logout the cookie is worth nothing.
+    let logout = http::call(&broker.http(), "POST", "/logout", &session, Some("")).await;
+    assert_eq!(logout.status, 303);
+    assert_eq!(broker.get("/api/overview", &session).await.status, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_expire_and_the_console_can_go_without_login_or_entirely() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), &[("MALACHI_SESSION_TIMEOUT_SEC", "1")]);
+    broker.wait_ready().await;
+    let cookie = cookie_pair(&broker.login("admin", "admin-password-long").await.unwrap());
+    let session = [("cookie", cookie.as_str())];
+    assert_eq!(broker.get("/api/overview", &session).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(broker.get("/api/overview", &session).await.status, 401, "expired");
+
+    let open_dir = tempfile::tempdir().unwrap();
+    let open = Broker::start(open_dir.path(), &[("MALACHI_DASHBOARD_AUTH_ENABLED", "false")]);
+    open.wait_ready().await;
+    assert_eq!(open.get("/", &[]).await.status, 200, "no login asked");
+    let overview = open.get("/api/overview", &[]).await.json();
+    assert!(overview["viewer"].is_null());
+    let split = http::call(
+        &open.http(),
+        "POST",
+        "/api/topics/orders/split",
+        &[("content-type", "application/json")],
+        Some(r#"{"range_id":0}"#),
+    )
+    .await;
+    assert_eq!(split.status, 401, "actions still need an admin's session");
+
+    let off_dir = tempfile::tempdir().unwrap();
+    let off = Broker::start(off_dir.path(), &[("MALACHI_DASHBOARD_ENABLED", "false")]);
+    off.process.connect().await;
+    assert!(tokio::net::TcpStream::connect(off.http()).await.is_err(), "no HTTP port");
+}
