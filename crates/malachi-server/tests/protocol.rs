@@ -217,7 +217,9 @@ async fn group_lag_counts_what_each_group_has_left() {
         pattern: text("orders"),
     });
     assert!(matches!(admin.call(grant).await.unwrap().body, ResponseBody::Ok(_)));
-    let cases: &[(Option<&str>, Vec<(&str, u64)>)] = &[
+    // (group asked for, expected (group, total lag) rows)
+    type Case<'a> = (Option<&'a str>, Vec<(&'a str, u64)>);
+    let cases: &[Case] = &[
         (None, vec![("billing", 3)]),
         (Some("billing"), vec![("billing", 3)]),
         (Some("never"), vec![("never", 5)]),

@@ -192,7 +192,9 @@ async fn the_console_needs_an_admin_session_and_guards_its_actions() {
     };
     let json = ("content-type", "application/json".to_string());
     let with_cookie = ("cookie", cookie.clone());
-    let cases: Vec<(Vec<(&str, String)>, u16, &str)> = vec![
+    // (request headers, expected status, expected reason)
+    type Case<'a> = (Vec<(&'a str, String)>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (vec![json.clone(), ("x-malachi-csrf", csrf.clone())], 401, "login_required"),
         (vec![json.clone(), with_cookie.clone()], 403, "csrf_token_mismatch"),
         (
