@@ -120,7 +120,9 @@ async fn security_headers(mut response: Response) -> Response {
     headers
         .insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY));
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: under it a browser sends `Origin: null` with the console's own form
+    // posts, which the same-origin check must then refuse.
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
 }
@@ -288,17 +290,17 @@ fn session_token(headers: &HeaderMap) -> Option<String> {
         .filter(|value| !value.is_empty())
 }
 
-/// Whether a state-changing request comes from the console's own pages: a browser names the
-/// page's origin in `Origin` (and, when it can, `Sec-Fetch-Site`); a request naming another
-/// origin is another site's page. A request naming neither (a script, curl) has no ambient
+/// Whether a state-changing request comes from the console's own pages: a browser says so in
+/// `Sec-Fetch-Site` (current browsers) or names the page's origin in `Origin`; a request from
+/// another origin is another site's page. A request naming neither (a script, curl) has no ambient
 /// cookie to abuse, and still needs the session and CSRF token.
 fn same_origin(headers: &HeaderMap) -> bool {
     let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
-        && site != "same-origin"
-        && site != "none"
-    {
-        return false;
+    // The browser sets `Sec-Fetch-Site` and no page can forge it: when present it decides.
+    match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        Some("same-origin" | "none") => return true,
+        Some(_) => return false,
+        None => {}
     }
     match (text(header::ORIGIN), text(header::HOST)) {
         (None, _) => true,
@@ -333,6 +335,8 @@ mod tests {
             (&[("sec-fetch-site", "cross-site")], false),
             (&[("sec-fetch-site", "same-site")], false),
             (&[("sec-fetch-site", "same-origin"), ("host", "h"), ("origin", "http://h")], true),
+            (&[("sec-fetch-site", "same-origin"), ("host", "h"), ("origin", "null")], true),
+            (&[("sec-fetch-site", "cross-site"), ("host", "h"), ("origin", "http://h")], false),
         ];
         for (pairs, expected) in cases {
             assert_eq!(same_origin(&headers(pairs)), *expected, "{pairs:?}");

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::BrokerProcess;
 use common::http::{self, Answer};
+use common::webdriver::Browser;
 use malachi_client::{FetchOptions, RecordBuilder};
 
 struct Broker {
@@ -269,4 +270,76 @@ async fn sessions_expire_and_the_console_can_go_without_login_or_entirely() {
     let off = Broker::start(off_dir.path(), &[("MALACHI_DASHBOARD_ENABLED", "false")]);
     off.process.connect().await;
     assert!(tokio::net::TcpStream::connect(off.http()).await.is_err(), "no HTTP port");
+}
+
+/// The console walked in a real browser (headless Chromium through chromedriver) as a new
+/// operator would: log in (a wrong password first), see a topic appear once records are produced,
+/// split its range from the range tree and see the tree change, and see a consumer group's lag
+/// fall as it commits. Screenshots of each page are left in `target/tmp/console-screenshots/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_walks_the_console_in_a_real_browser() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), &[]);
+    broker.wait_ready().await;
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    let browser = Browser::start(&shots).await;
+    let base = format!("http://{}", broker.http());
+
+    browser.goto(&format!("{base}/")).await;
+    browser.wait_count("#login-form", 1).await;
+    assert!(browser.url().await.ends_with("/login"), "sent to the login page");
+    browser.screenshot("1-login").await;
+    let log_in = async |password: &str| {
+        browser.type_into("#username", "admin").await;
+        browser.type_into("#password", password).await;
+        browser.click("#login-submit").await;
+    };
+    log_in("not-the-password").await;
+    browser.wait_text("#login-error", "a refusal", |t| t.contains("do not match")).await;
+    log_in("admin-password-long").await;
+    browser.wait_text("#view h1", "the overview", |t| t == "Overview").await;
+    assert_eq!(browser.text("#viewer-name").await, "admin");
+
+    // A topic appears with its records once they are produced.
+    let client = broker.process.connect().await;
+    client.create_topic("orders").await.unwrap();
+    let produce = async |count: usize, tag: &str| {
+        let records: Vec<_> = (0..count)
+            .map(|n| RecordBuilder::new(format!("{tag}-{n}")).key(format!("user-{n}")).build())
+            .collect();
+        client.produce("orders", records).await.unwrap();
+    };
+    produce(120, "first").await;
+    let records = r#"#topics-table tr[data-topic="orders"] .records"#;
+    browser.wait_text(records, "120 records", |t| t == "120").await;
+    browser.screenshot("2-overview").await;
+
+    // The range tree: one range, split from the console into two buddy halves.
+    browser.click(r#"#topics-table tr[data-topic="orders"] a"#).await;
+    browser.wait_count("#range-tree rect", 1).await;
+    browser.click(r#"#range-tree rect[data-range-id="0"]"#).await;
+    browser.click("#split-range").await;
+    let question = browser.accept_dialog().await;
+    assert!(question.starts_with("Split range 0 of orders"), "{question}");
+    browser.wait_count("#range-tree rect", 3).await;
+    browser.wait_count(r#"#range-tree rect[data-active="true"]"#, 2).await;
+    let described = client.describe_topic("orders").await.unwrap();
+    assert_eq!(described.ranges.len(), 3, "the split reached the broker: {described:?}");
+    produce(30, "second").await;
+    browser.screenshot("3-topic-after-split").await;
+
+    // Lag: 150 records, the group commits after 50 and then after all of them.
+    let options = FetchOptions { max: 50, group: Some("billing".into()), ..Default::default() };
+    let (page, cursor) = client.fetch("orders", &options).await.unwrap();
+    assert_eq!(page.len(), 50);
+    client.commit("orders", "billing", &cursor).await.unwrap();
+    browser.click(r#".tabs a[data-tab="groups"]"#).await;
+    let lag = r#"#groups-table tr[data-group="billing"] .lag-total"#;
+    browser.wait_text(lag, "a lag of 100", |t| t == "100").await;
+    browser.screenshot("4-groups-behind").await;
+    let (rest, cursor) = common::drain(&client, "orders", Some(cursor)).await;
+    assert_eq!(rest.len(), 100);
+    client.commit("orders", "billing", &cursor).await.unwrap();
+    browser.wait_text(lag, "the lag fall to 0", |t| t == "0").await;
+    browser.screenshot("5-groups-caught-up").await;
 }

@@ -119,7 +119,13 @@ function drawLine(canvas, values, color, fill) {
   const step = (width - 2 * pad) / Math.max(1, HISTORY_POINTS - 1);
   const x0 = width - pad - step * (values.length - 1);
   const y = (v) => height - pad - (v / max) * (height - 2 * pad);
-  if (values.length === 0) return;
+  if (values.length < 2) {
+    // A line needs two points: say why the chart is still empty rather than show nothing.
+    ctx.fillStyle = "#8a93a6";
+    ctx.font = "12px system-ui, sans-serif";
+    if (height > 40) ctx.fillText("Collecting samples…", pad + 4, height / 2);
+    return;
+  }
   ctx.beginPath();
   values.forEach((v, i) => (i === 0 ? ctx.moveTo(x0, y(v)) : ctx.lineTo(x0 + i * step, y(v))));
   ctx.strokeStyle = color;

@@ -45,9 +45,29 @@ pub async fn call(
     request.push_str("\r\n");
     request.push_str(body.unwrap_or_default());
     stream.write_all(request.as_bytes()).await.unwrap();
+    // Read to the end of the answer: its Content-Length when it gives one (chromedriver keeps
+    // the connection open despite `Connection: close`), else to the end of the stream.
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).await.unwrap();
+    let mut buffer = [0u8; 16 * 1024];
+    while !complete(&raw) {
+        let read = stream.read(&mut buffer).await.unwrap();
+        if read == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buffer[..read]);
+    }
     parse(&raw)
+}
+
+/// Whether `raw` holds a whole answer that says its length.
+fn complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else { return false };
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    let length = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        (name.trim() == "content-length").then(|| value.trim().parse::<usize>().ok())?
+    });
+    length.is_some_and(|length| raw.len() >= end + 4 + length)
 }
 
 pub async fn get(address: &str, path: &str, headers: &[(&str, &str)]) -> Answer {

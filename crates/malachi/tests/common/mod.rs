@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod load;
+pub mod webdriver;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
