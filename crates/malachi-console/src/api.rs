@@ -15,7 +15,7 @@ use malachi_broker::lag::{GroupLag, Standing};
 use malachi_broker::topics::{RangeInfo, TopicInfo};
 use serde_json::{Value, json};
 
-use crate::AppState;
+use crate::{AppState, Peer};
 
 /// Topics the overview and the group list describe (each costs a look at its heads' ends).
 pub const TOPICS_DESCRIBED_MAX: usize = 100;
@@ -45,7 +45,7 @@ fn login_required() -> Response {
 
 pub(crate) async fn overview(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, .. }): ConnectInfo<Peer>,
     headers: HeaderMap,
 ) -> Response {
     let Some(viewer) = viewer(&state, &headers, peer) else { return login_required() };
@@ -115,7 +115,7 @@ fn topic_summary(info: &TopicInfo) -> Value {
 
 pub(crate) async fn topic(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, .. }): ConnectInfo<Peer>,
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Response {
@@ -217,7 +217,7 @@ fn lag_json(lag: &GroupLag) -> Value {
 
 pub(crate) async fn groups(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, .. }): ConnectInfo<Peer>,
     headers: HeaderMap,
 ) -> Response {
     if viewer(&state, &headers, peer).is_none() {
@@ -253,7 +253,7 @@ pub(crate) struct MergeBody {
 
 pub(crate) async fn split(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, .. }): ConnectInfo<Peer>,
     headers: HeaderMap,
     Path(name): Path<String>,
     Json(body): Json<SplitBody>,
@@ -273,7 +273,7 @@ pub(crate) async fn split(
 
 pub(crate) async fn merge(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, .. }): ConnectInfo<Peer>,
     headers: HeaderMap,
     Path(name): Path<String>,
     Json(body): Json<MergeBody>,
@@ -293,7 +293,7 @@ pub(crate) async fn merge(
 
 pub(crate) async fn delete(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, .. }): ConnectInfo<Peer>,
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Response {

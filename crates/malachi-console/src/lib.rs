@@ -8,6 +8,7 @@
 //! the client port). It keeps nothing but console sessions, in memory.
 
 mod api;
+mod listener;
 mod sessions;
 
 use std::net::{IpAddr, SocketAddr};
@@ -18,10 +19,12 @@ use axum::extract::{ConnectInfo, Form, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use listener::HttpListener;
 use malachi_broker::node::Broker;
 use malachi_server::ServerShared;
 use tokio::net::TcpListener;
 
+pub use listener::Peer;
 pub use sessions::{ConsoleSession, Refused, SESSIONS_MAX, Sessions};
 
 /// The session cookie's name.
@@ -51,9 +54,6 @@ pub(crate) struct AppState {
     sessions: Mutex<Sessions>,
     auth_enabled: bool,
     require_admin: bool,
-    /// The cookie is marked `Secure`: the client port speaks TLS, so the operator runs the
-    /// console behind TLS too (a terminating proxy).
-    secure_cookies: bool,
 }
 
 /// Who is asking: a logged-in user, or anyone when the console asks for no login.
@@ -75,7 +75,6 @@ impl Console {
             )),
             auth_enabled: dashboard.auth_enabled,
             require_admin: dashboard.require_admin,
-            secure_cookies: config.security.tls.is_some(),
             broker,
             shared,
         });
@@ -88,8 +87,12 @@ impl Console {
 
     /// Serves until `shutdown` completes.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
-        let app = router(self.state).into_make_service_with_connect_info::<SocketAddr>();
-        if let Err(error) = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await {
+        let listener = match HttpListener::start(self.listener, self.state.shared.clone()) {
+            Ok(listener) => listener,
+            Err(error) => return tracing::warn!(%error, "the HTTP port stopped"),
+        };
+        let app = router(self.state).into_make_service_with_connect_info::<Peer>();
+        if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown).await {
             tracing::warn!(%error, "the HTTP port stopped");
         }
     }
@@ -161,7 +164,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 
 async fn index(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, .. }): ConnectInfo<Peer>,
     headers: HeaderMap,
 ) -> Response {
     match state.viewer(&headers, peer.ip()) {
@@ -185,7 +188,7 @@ struct LoginForm {
 
 async fn login(
     State(state): State<Arc<AppState>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(Peer { address: peer, tls }): ConnectInfo<Peer>,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
@@ -218,7 +221,8 @@ async fn login(
         last_used_ms: broker.clock().now_ms(),
     };
     state.lock_sessions().open(token.clone(), console_session);
-    let secure = if state.secure_cookies { "; Secure" } else { "" };
+    // Over TLS the cookie never travels in the clear afterwards.
+    let secure = if tls { "; Secure" } else { "" };
     let cookie = format!("{SESSION_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict{secure}");
     ([(header::SET_COOKIE, cookie)], Redirect::to("/")).into_response()
 }

@@ -210,7 +210,9 @@ async fn start_console(
             )
         })?;
     let address = console.local_addr().map_err(|error| error.to_string())?;
-    eprintln!("console, /metrics, /health and /ready on http://{address}");
+    // Under TLS the port speaks HTTPS too (plain HTTP as well unless MALACHI_REQUIRE_TLS).
+    let scheme = if config.security.tls.is_some() { "https" } else { "http" };
+    eprintln!("console, /metrics, /health and /ready on {scheme}://{address}");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(console.run(async move {
         let _ = stopped.await;

@@ -272,6 +272,56 @@ async fn sessions_expire_and_the_console_can_go_without_login_or_entirely() {
     assert!(tokio::net::TcpStream::connect(off.http()).await.is_err(), "no HTTP port");
 }
 
+/// With TLS on the client port the HTTP port speaks HTTPS with the same certificate: session
+/// cookies set over it are `Secure`; plain HTTP keeps answering (scrapers, health checks) until
+/// `MALACHI_REQUIRE_TLS`, which closes it without an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_tls_the_http_port_speaks_https_with_secure_cookies() {
+    let keys = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (cert, key) = (keys.path().join("broker.crt"), keys.path().join("broker.key"));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let (cert_path, key_path) = (cert.display().to_string(), key.display().to_string());
+    let tls = |required: &'static str| {
+        [
+            ("MALACHI_ENABLE_TLS", "true"),
+            ("MALACHI_REQUIRE_TLS", required),
+            ("MALACHI_TLS_CERTFILE", cert_path.as_str()),
+            ("MALACHI_TLS_KEYFILE", key_path.as_str()),
+        ]
+    };
+    let form = "username=admin&password=admin-password-long";
+    let login: http::Request =
+        ("POST", "/login", &[("content-type", "application/x-www-form-urlencoded")], Some(form));
+
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), &tls("false"));
+    broker.wait_ready().await;
+    let health = http::call_tls(&broker.http(), &cert, ("GET", "/health", &[], None)).await;
+    assert_eq!((health.status, health.body.as_str()), (200, "ok\n"));
+    let over_tls = http::call_tls(&broker.http(), &cert, login).await;
+    let cookie = over_tls.header("set-cookie").unwrap();
+    assert!(cookie.contains("; Secure") && cookie.contains("HttpOnly"), "{cookie}");
+    let (method, path, headers, body) = login;
+    let plain = http::call(&broker.http(), method, path, headers, body).await;
+    let cookie = plain.header("set-cookie").unwrap();
+    assert!(!cookie.contains("Secure"), "a Secure cookie would never come back: {cookie}");
+
+    let required_dir = tempfile::tempdir().unwrap();
+    let required = Broker::start(required_dir.path(), &tls("true"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(required.http()).await.is_err() {
+        assert!(Instant::now() < deadline, "no HTTP port: {}", required.process.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready = http::call_tls(&required.http(), &cert, ("GET", "/ready", &[], None)).await;
+    assert_eq!(ready.status, 200);
+    let stream = tokio::net::TcpStream::connect(required.http()).await.unwrap();
+    let answer = http::exchange(stream, &required.http(), ("GET", "/health", &[], None)).await;
+    assert!(answer.is_empty(), "plain HTTP answered: {}", String::from_utf8_lossy(&answer));
+}
+
 /// The console walked in a real browser (headless Chromium through chromedriver) as a new
 /// operator would: log in (a wrong password first), see a topic appear once records are produced,
 /// split its range from the range tree and see the tree change, and see a consumer group's lag

@@ -1,10 +1,14 @@
 //! Just enough HTTP/1.1 for the tests of the HTTP port: one request per connection
-//! (`Connection: close`), the whole answer read, chunked bodies decoded; and a strict reader of
-//! the Prometheus text format.
+//! (`Connection: close`), plain or TLS, the whole answer read, chunked bodies decoded; and a
+//! strict reader of the Prometheus text format.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 #[derive(Debug)]
@@ -25,6 +29,9 @@ impl Answer {
     }
 }
 
+/// One request: method, path, headers and body.
+pub type Request<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], Option<&'a str>);
+
 /// Sends one request to `address` (`host:port`) and reads the whole answer.
 pub async fn call(
     address: &str,
@@ -33,7 +40,31 @@ pub async fn call(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> Answer {
-    let mut stream = TcpStream::connect(address).await.expect("the HTTP port accepts");
+    let stream = TcpStream::connect(address).await.expect("the HTTP port accepts");
+    parse(&exchange(stream, address, (method, path, headers, body)).await)
+}
+
+/// The same over TLS, trusting the certificates in the PEM file `ca` for the name `localhost`.
+pub async fn call_tls(address: &str, ca: &Path, request: Request<'_>) -> Answer {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(certificate.unwrap()).unwrap();
+    }
+    let config =
+        rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let stream = TcpStream::connect(address).await.expect("the HTTP port accepts");
+    let name = ServerName::try_from("localhost").unwrap();
+    let stream = connector.connect(name, stream).await.expect("a TLS handshake");
+    parse(&exchange(stream, address, request).await)
+}
+
+/// Writes one request and reads the answer's bytes: empty when the server closed without one.
+pub async fn exchange(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    address: &str,
+    (method, path, headers, body): Request<'_>,
+) -> Vec<u8> {
     let mut request =
         format!("{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
     for (name, value) in headers {
@@ -44,19 +75,20 @@ pub async fn call(
     }
     request.push_str("\r\n");
     request.push_str(body.unwrap_or_default());
-    stream.write_all(request.as_bytes()).await.unwrap();
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return Vec::new();
+    }
     // Read to the end of the answer: its Content-Length when it gives one (chromedriver keeps
     // the connection open despite `Connection: close`), else to the end of the stream.
     let mut raw = Vec::new();
     let mut buffer = [0u8; 16 * 1024];
     while !complete(&raw) {
-        let read = stream.read(&mut buffer).await.unwrap();
-        if read == 0 {
-            break;
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => raw.extend_from_slice(&buffer[..read]),
         }
-        raw.extend_from_slice(&buffer[..read]);
     }
-    parse(&raw)
+    raw
 }
 
 /// Whether `raw` holds a whole answer that says its length.
