@@ -125,6 +125,12 @@ impl Broker {
                 self.metrics.fetched(args.topic, page.records.len() as u64, bytes);
                 return Ok(page);
             }
+            tracing::debug!(
+                node = self.node_id,
+                topic = args.topic,
+                catch_up,
+                "fetch found this broker behind"
+            );
             self.ring.named(args.topic).group.read_barrier().await.map_err(|error| {
                 LogError::Unavailable(format!(
                     "this broker's metadata is behind topic {}'s, and {error}",
@@ -145,6 +151,11 @@ impl Broker {
     ) -> Result<Pass, LogError> {
         let max = clamp_max(args.max);
         let Some(topic) = self.topic_named(args.topic) else {
+            tracing::debug!(
+                node = self.node_id,
+                topic = args.topic,
+                "fetch of a topic unknown here"
+            );
             // The original answers an unknown topic with an empty page.
             return Ok(Pass::Page(FetchPage::default()));
         };

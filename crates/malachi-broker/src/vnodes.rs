@@ -39,9 +39,35 @@ pub struct Vnode {
     /// topics on this broker, so two never race for one write head. Produce and fetch never
     /// take it.
     pub(crate) reshape_lock: tokio::sync::Mutex<()>,
+    /// The group's (leader, term) when this broker last completed a read barrier on it: its
+    /// copy of the metadata had then caught up with everything committed. Unset at boot.
+    caught_up_under: Mutex<Option<(Option<u64>, u64)>>,
 }
 
 impl Vnode {
+    /// Whether this broker's copy of the vnode's metadata is known to have caught up under the
+    /// group's current leadership: a read barrier completed since the leader or term last
+    /// changed here. Not so after a restart (the copy is as old as the broker's downtime) nor
+    /// after an election (this broker may have been cut off): names it resolves then may be
+    /// older incarnations of re-created topics, whose copies it holds may have missed the
+    /// delete's seal while it was away, so nothing it holds would show that it is behind.
+    pub(crate) fn caught_up(&self) -> bool {
+        let now = self.group.leader();
+        now.0.is_some() && *self.lock_caught_up() == Some(now)
+    }
+
+    /// Takes a read barrier and records the leadership it caught up under.
+    pub(crate) async fn catch_up(&self) -> Result<(), malachi_consensus::ConsensusError> {
+        let under = self.group.leader();
+        self.group.read_barrier().await?;
+        *self.lock_caught_up() = Some(under);
+        Ok(())
+    }
+
+    fn lock_caught_up(&self) -> std::sync::MutexGuard<'_, Option<(Option<u64>, u64)>> {
+        self.caught_up_under.lock().expect("caught-up lock poisoned")
+    }
+
     pub fn vnode_id(&self) -> u32 {
         self.arc.vnode_id
     }
@@ -237,6 +263,7 @@ pub(crate) async fn open_ring(
             group,
             coordinator: Mutex::new((open.coordinator)()),
             reshape_lock: tokio::sync::Mutex::new(()),
+            caught_up_under: Mutex::new(None),
         });
     }
     Ok((root, Ring { vnodes }))

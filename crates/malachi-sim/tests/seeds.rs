@@ -141,7 +141,7 @@ fn the_cut_damage_canary_is_caught() {
 /// Cluster seeds every CI run replays (3 to 5 brokers, crashes, partitions between brokers).
 const CLUSTER_SEEDS: std::ops::Range<u64> = 0..8;
 /// Cluster seeds that found bugs (docs/testing.md says what each found).
-const CLUSTER_REGRESSION_SEEDS: &[u64] = &[204, 264, 326, 1284, 2432, 20023];
+const CLUSTER_REGRESSION_SEEDS: &[u64] = &[204, 264, 326, 1284, 2432, 20023, 21789, 21804, 21843];
 
 #[test]
 fn cluster_seeds_pass() {
