@@ -135,7 +135,7 @@ async fn create_topic(client: &Client, topic: &str, ranges: u32) {
         };
         match created {
             Ok(_) => Ok(()),
-            Err(error) if format!("{error:?}").contains("topic_exists") => Ok(()),
+            Err(error) if format!("{error:?}").contains("already_exists") => Ok(()),
             Err(error) => Err(format!("{error:?}")),
         }
     })
