@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use malachi_cluster::replication::replicas_fewest;
 use malachi_meta::placement::{self, Candidate};
 use malachi_meta::{
     MergeRanges, MetaCommand, MetaError, MetaResponse, RangeError, RollSegment, SealReport,
@@ -332,16 +333,21 @@ impl Broker {
     /// The replicas of a segment about to be created, for `object` (what the command creates:
     /// a topic's name, a range and a time) of `topic_id` (`None` for a topic being created):
     /// `MALACHI_LOG_REPLICATION_FACTOR` of the brokers membership holds alive and no failover
-    /// found out of reach a moment ago (fewer when fewer are: a broker alone keeps one copy),
-    /// chosen by rendezvous hashing and spread by the topic's placement constraints. The first
-    /// is the primary. Hard constraints that cannot be met refuse (`placement_unmet`).
+    /// found out of reach a moment ago, chosen by rendezvous hashing and spread by the topic's
+    /// placement constraints. The first is the primary. A cluster of fewer brokers than the
+    /// factor places on all of them (a broker alone keeps one copy); a cluster with brokers down
+    /// places on fewer, but never on fewer than [`replicas_fewest`] (2 of 3): below that the new
+    /// segment is refused (`no_quorum`, retryable) rather than holding acknowledged records on
+    /// one disk. Hard constraints that cannot be met refuse (`placement_unmet`).
     pub(crate) fn segment_replicas(
         &self,
         topic_id: Option<u64>,
         object: &[u8],
     ) -> Result<Vec<u64>, LogError> {
-        let mut live: Vec<Candidate> = self
-            .cluster_view()
+        let view = self.cluster_view();
+        let members =
+            view.brokers.iter().filter(|broker| self.takes_new_work(broker.record.node_id)).count();
+        let mut live: Vec<Candidate> = view
             .brokers
             .into_iter()
             .filter(|broker| {
@@ -362,7 +368,15 @@ impl Broker {
                 attributes: self.config.attributes.clone(),
             });
         }
-        let replicas = self.config.cluster.replication_factor.min(live.len());
+        let wanted = self.config.cluster.replication_factor.min(members.max(1));
+        let fewest = replicas_fewest(wanted);
+        if live.len() < fewest {
+            return Err(LogError::NoQuorum(format!(
+                "a new segment needs {fewest} of its {wanted} replicas on live brokers, {} are live",
+                live.len()
+            )));
+        }
+        let replicas = wanted.min(live.len());
         let constraints = self.placement_constraints(topic_id);
         let placement = placement::place(object, replicas, &live, &[], &constraints)
             .map_err(|error| LogError::PlacementUnmet(error.to_string()))?;

@@ -65,6 +65,15 @@ pub fn quorum(replicas: usize) -> usize {
     replicas / 2 + 1
 }
 
+/// The fewest brokers a new segment may be placed on when not all of the `wanted` replicas can
+/// be live ones: its acknowledgement quorum must still count as many copies as a full set's
+/// (`quorum(fewest) >= quorum(wanted)`), so a record acknowledged in a degraded cluster is on
+/// as many disks as one acknowledged in a whole one. 2 of 3, 4 of 5; below that a new segment
+/// is refused (`no_quorum`) rather than placed on one copy.
+pub fn replicas_fewest(wanted: usize) -> usize {
+    (2 * (wanted / 2)).max(1)
+}
+
 /// The end that `quorum` of the replicas' durable `ends` reach: the `quorum`-th highest (0 when
 /// there are fewer ends than that).
 pub fn quorum_end(ends: impl IntoIterator<Item = u64>, quorum: usize) -> u64 {

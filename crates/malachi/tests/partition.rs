@@ -15,184 +15,14 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::BrokerProcess;
 use common::load::{Load, assert_read_back};
+use common::network::{Network, eventually, reports};
 use malachi_client::{Client, RecordBuilder};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 const HOSTS: usize = 3;
-
-/// Test hosts: a namespace per broker and one for the switch, named after this process so that
-/// concurrent runs never meet.
-struct Network {
-    tag: String,
-    /// The third octet of the hosts' 10.213.x.0/24.
-    subnet: u32,
-}
-
-impl Network {
-    fn create() -> Network {
-        let pid = std::process::id();
-        // Built first, so that a failing step below still removes what was made (Drop).
-        let network = Network { tag: format!("ml{}", pid % 100_000), subnet: 20 + pid % 200 };
-        network.wire();
-        network
-    }
-
-    fn wire(&self) {
-        let network = self;
-        let switch = network.switch();
-        run(&["ip", "netns", "add", &switch]);
-        network.in_ns(&switch, &["ip", "link", "add", "br0", "type", "bridge"]);
-        network.in_ns(&switch, &["ip", "link", "set", "br0", "up"]);
-        for host in 0..HOSTS {
-            let namespace = network.host(host);
-            run(&["ip", "netns", "add", &namespace]);
-            network.in_ns(&namespace, &["ip", "link", "set", "lo", "up"]);
-            let (inner, outer) =
-                (format!("{}h{host}", network.tag), format!("{}s{host}", network.tag));
-            run(&["ip", "link", "add", &inner, "type", "veth", "peer", "name", &outer]);
-            run(&["ip", "link", "set", &inner, "netns", &namespace]);
-            network.plug(&outer);
-            let address = format!("{}/24", network.ip(host));
-            network.in_ns(&namespace, &["ip", "addr", "add", &address, "dev", &inner]);
-            network.in_ns(&namespace, &["ip", "link", "set", &inner, "up"]);
-        }
-        // The test's clients, on this namespace's end of one more cable.
-        let (client, outer) = network.client_link();
-        run(&["ip", "link", "add", &client, "type", "veth", "peer", "name", &outer]);
-        network.plug(&outer);
-        let address = format!("10.213.{}.254/24", network.subnet);
-        run(&["ip", "addr", "add", &address, "dev", &client]);
-        run(&["ip", "link", "set", &client, "up"]);
-    }
-
-    fn switch(&self) -> String {
-        format!("{}-sw", self.tag)
-    }
-
-    fn host(&self, host: usize) -> String {
-        format!("{}-h{host}", self.tag)
-    }
-
-    fn ip(&self, host: usize) -> String {
-        format!("10.213.{}.{}", self.subnet, host + 1)
-    }
-
-    fn client_link(&self) -> (String, String) {
-        (format!("{}c", self.tag), format!("{}cs", self.tag))
-    }
-
-    /// Moves `link` into the switch namespace and onto its bridge.
-    fn plug(&self, link: &str) {
-        let switch = self.switch();
-        run(&["ip", "link", "set", link, "netns", &switch]);
-        self.in_ns(&switch, &["ip", "link", "set", link, "master", "br0"]);
-        self.in_ns(&switch, &["ip", "link", "set", link, "up"]);
-    }
-
-    fn in_ns(&self, namespace: &str, command: &[&str]) {
-        let mut full = vec!["ip", "netns", "exec", namespace];
-        full.extend_from_slice(command);
-        run(&full);
-    }
-
-    /// Drops every packet between `host` and the other brokers, both ways; clients still pass.
-    fn isolate(&self, host: usize) {
-        let others: Vec<String> = (0..HOSTS).filter(|&h| h != host).map(|h| self.ip(h)).collect();
-        let others = others.join(", ");
-        let rules = format!(
-            "table inet malachi_cut {{\n\
-               chain input {{ type filter hook input priority 0; policy accept; \
-                 ip saddr {{ {others} }} drop; }}\n\
-               chain output {{ type filter hook output priority 0; policy accept; \
-                 ip daddr {{ {others} }} drop; }}\n\
-             }}\n"
-        );
-        let mut nft = Command::new("ip")
-            .args(["netns", "exec", &self.host(host), "nft", "-f", "-"])
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("nft (nftables) is needed");
-        use std::io::Write;
-        nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
-        assert!(nft.wait().unwrap().success(), "nft refused the cut");
-    }
-
-    fn heal(&self, host: usize) {
-        self.in_ns(&self.host(host), &["nft", "delete", "table", "inet", "malachi_cut"]);
-    }
-
-    fn broker(&self, dir: &std::path::Path, host: usize) -> BrokerProcess {
-        std::fs::create_dir_all(dir).unwrap();
-        let mut process = BrokerProcess::new(dir)
-            .env("MALACHI_NODE_ID", (host + 1).to_string())
-            .env("MALACHI_CLUSTER_PORT", "4042");
-        if host > 0 {
-            process = process.env("MALACHI_LOG_NODES", format!("{}:4042", self.ip(0)));
-        }
-        process.host = self.ip(host);
-        process.port = 4040;
-        process.wrapper = ["ip", "netns", "exec", &self.host(host)].map(String::from).to_vec();
-        process
-    }
-}
-
-impl Drop for Network {
-    fn drop(&mut self) {
-        // Deleting a namespace deletes the cable ends in it, and with them their peers.
-        let _ = Command::new("ip").args(["link", "del", &self.client_link().0]).status();
-        for namespace in (0..HOSTS).map(|host| self.host(host)).chain([self.switch()]) {
-            let _ = Command::new("ip").args(["netns", "del", &namespace]).status();
-        }
-    }
-}
-
-fn run(command: &[&str]) {
-    let output = Command::new(command[0]).args(&command[1..]).output();
-    let output = output.unwrap_or_else(|error| panic!("{}: {error}", command[0]));
-    assert!(
-        output.status.success(),
-        "{} failed (the partition test needs root, iproute2 and nftables): {}",
-        command.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-struct Brokers {
-    processes: Vec<BrokerProcess>,
-    children: Vec<Child>,
-}
-
-impl Drop for Brokers {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// Retries `check` until it holds or `seconds` pass.
-async fn eventually<F, Fut>(what: &str, seconds: u64, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), String>>,
-{
-    let started = Instant::now();
-    loop {
-        match check().await {
-            Ok(()) => return started.elapsed(),
-            Err(error) if started.elapsed() > Duration::from_secs(seconds) => {
-                panic!("{what}: {error}")
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
 
 /// The broker leading the vnode that holds `topic`.
 async fn vnode_leader(client: &Client, topic: &str) -> Result<u64, String> {
@@ -203,24 +33,11 @@ async fn vnode_leader(client: &Client, topic: &str) -> Result<u64, String> {
     }
 }
 
-/// Whether `client`'s broker reports every broker in `node_ids` with `status`.
-async fn reports(client: &Client, node_ids: &[u64], status: u8) -> Result<(), String> {
-    let view = client.cluster_status().await.map_err(|error| error.to_string())?;
-    let all = node_ids.iter().all(|id| {
-        view.brokers.iter().any(|broker| broker.node_id == *id && broker.status == status)
-    });
-    if all { Ok(()) } else { Err(format!("{:?}", view.brokers)) }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
-    let network = Network::create();
+    let network = Network::create(HOSTS);
     let dir = tempfile::tempdir().unwrap();
-    let processes: Vec<BrokerProcess> = (0..HOSTS)
-        .map(|host| network.broker(&dir.path().join(format!("n{}", host + 1)), host))
-        .collect();
-    let children = processes.iter().map(BrokerProcess::spawn).collect();
-    let brokers = Brokers { processes, children };
+    let brokers = network.start_brokers(dir.path());
     let mut clients = Vec::new();
     for process in &brokers.processes {
         clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
@@ -337,13 +154,9 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
 /// reads back through every broker, each key in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_cut_off_from_its_followers_is_sealed_around_and_settled_after_healing() {
-    let network = Network::create();
+    let network = Network::create(HOSTS);
     let dir = tempfile::tempdir().unwrap();
-    let processes: Vec<BrokerProcess> = (0..HOSTS)
-        .map(|host| network.broker(&dir.path().join(format!("n{}", host + 1)), host))
-        .collect();
-    let children = processes.iter().map(BrokerProcess::spawn).collect();
-    let brokers = Brokers { processes, children };
+    let brokers = network.start_brokers(dir.path());
     let mut clients = Vec::new();
     for process in &brokers.processes {
         clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);

@@ -30,6 +30,13 @@ fn quorum_table() {
     for (replicas, expected) in cases {
         assert_eq!(quorum(replicas), expected, "{replicas}");
     }
+    // The fewest replicas of a degraded placement: the smallest set whose quorum is a full
+    // set's, checked against every smaller size.
+    for (wanted, fewest) in [(1, 1), (2, 2), (3, 2), (4, 4), (5, 4), (6, 6), (7, 6)] {
+        assert_eq!(replicas_fewest(wanted), fewest, "{wanted}");
+        assert!(quorum(fewest) >= quorum(wanted), "{wanted}");
+        assert!((1..fewest).all(|smaller| quorum(smaller) < quorum(wanted)), "{wanted}");
+    }
     let ends: Vec<(Vec<u64>, usize, u64)> = vec![
         (vec![10, 5, 7], 2, 7),
         (vec![10, 5, 7], 1, 10),

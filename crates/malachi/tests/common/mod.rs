@@ -5,6 +5,7 @@
 
 pub mod http;
 pub mod load;
+pub mod network;
 pub mod webdriver;
 
 use std::net::TcpListener;

@@ -1,0 +1,295 @@
+//! The chaos drill: brokers on hosts of their own (network namespaces, as `partition.rs`) under
+//! produce load through every broker, while a schedule drawn from one seed keeps failing them,
+//! one fault at a time, each held for a while and then undone:
+//!
+//! * kill -9, then a restart on the same data directory;
+//! * SIGSTOP, then SIGCONT (a stalled process whose sockets stay open);
+//! * a cut from the other brokers, both ways (clients still reach it);
+//! * a one-way cut: the broker hears nothing from the others while they still hear it;
+//!
+//! and, beside the faults, splits and merges of the topics' ranges through any broker. When the
+//! schedule ends every fault is undone and the drill checks what a user would:
+//!
+//! * produce is acknowledged again through every broker;
+//! * every broker converges: all alive, every Raft group led, every sealed segment settled on
+//!   each of its copies;
+//! * every acknowledged record reads back through every broker, each key in the order it was
+//!   produced.
+//!
+//! CI runs a short drill (`MALACHI_DRILL_SECS`, 40 s by default). The long one is a documented
+//! command (docs/testing.md, "The chaos drill"):
+//!
+//! ```sh
+//! MALACHI_DRILL_SECS=1800 cargo nextest run -p malachi --test chaos --no-capture
+//! ```
+//!
+//! `MALACHI_DRILL_SEED` replays a schedule (the processes' own timing still differs run to run);
+//! `MALACHI_DRILL_BROKERS` (3 to 5) sets the cluster's size.
+//!
+//! Needs root (CAP_NET_ADMIN), `ip` (iproute2) and `nft` (nftables); `.ci/run` installs them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::load::{Load, assert_read_back};
+use common::network::{Brokers, Cut, Network, eventually, reports};
+use malachi_client::{Client, RangeDescription, RangeState, SegmentState};
+
+const ADMIN_PASSWORD: &str = "admin-password-long";
+const DRILL_SECS_DEFAULT: u64 = 40;
+const TOPICS: [&str; 3] = ["chaos1", "chaos2", "chaos3"];
+/// Splits stop once a topic has this many active ranges; merges take it back down.
+const ACTIVE_RANGES_MAX: usize = 8;
+/// How long a fault is held, and the quiet after it, in milliseconds: from the low end (a blip
+/// membership never notices) to beyond the 3 s after which a silent link is given up on.
+const HOLD_MS: std::ops::Range<u64> = 500..6_000;
+const QUIET_MS: std::ops::Range<u64> = 300..3_000;
+/// The bounds of convergence once the schedule ends, in seconds.
+const CONVERGE_S: u64 = 120;
+
+/// A small seeded generator (SplitMix64): the drill's schedule is a function of the seed.
+struct Schedule(u64);
+
+impl Schedule {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+
+    fn within(&mut self, range: std::ops::Range<u64>) -> u64 {
+        range.start + self.below(range.end - range.start)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Kill,
+    Pause,
+    Isolate,
+    Deafen,
+}
+
+const FAULTS: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Isolate, Fault::Deafen];
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_drill_loses_nothing_and_converges() {
+    let drill = Duration::from_secs(setting("MALACHI_DRILL_SECS", DRILL_SECS_DEFAULT));
+    let hosts = setting("MALACHI_DRILL_BROKERS", 3).clamp(3, 5) as usize;
+    let clock_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let seed = setting("MALACHI_DRILL_SEED", clock_seed.unwrap().as_nanos() as u64 % 1_000_000);
+    eprintln!(
+        "chaos drill: seed {seed} (MALACHI_DRILL_SEED replays it), {hosts} brokers, {drill:?}"
+    );
+    let mut schedule = Schedule(seed);
+
+    let network = Network::create(hosts);
+    let dir = tempfile::tempdir().unwrap();
+    let mut brokers = network.start_brokers(dir.path());
+    let everyone: Vec<u64> = (1..=hosts as u64).collect();
+    let first = brokers.admin(0, ADMIN_PASSWORD).await;
+    eventually("every broker alive", 30, || reports(&first, &everyone, 0)).await;
+    for topic in TOPICS {
+        eventually("the topic is created", 15, || async {
+            match first.create_topic_with_ranges(topic, 2).await {
+                Ok(_) => Ok(()),
+                Err(error) if error.reason() == Some(malachi_client::Reason::AlreadyExists) => {
+                    Ok(())
+                }
+                Err(error) => Err(error.to_string()),
+            }
+        })
+        .await;
+    }
+    let addresses: Vec<String> =
+        brokers.processes.iter().map(|process| process.address()).collect();
+    let load = Load::start(&addresses, &TOPICS, 2 * hosts, ADMIN_PASSWORD);
+    let reshaper = Reshaper::start(addresses.clone(), schedule.next());
+
+    let started = Instant::now();
+    let mut held: BTreeMap<Fault, usize> = BTreeMap::new();
+    while started.elapsed() < drill {
+        let fault = FAULTS[schedule.below(FAULTS.len() as u64) as usize];
+        let host = schedule.below(hosts as u64) as usize;
+        let hold = Duration::from_millis(schedule.within(HOLD_MS));
+        eprintln!(
+            "t+{:.1}s {fault:?} broker {} for {hold:?} ({} acknowledged so far)",
+            started.elapsed().as_secs_f64(),
+            host + 1,
+            load.acked_count()
+        );
+        inflict(&network, &mut brokers, host, fault);
+        tokio::time::sleep(hold).await;
+        undo(&network, &mut brokers, host, fault);
+        *held.entry(fault).or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(schedule.within(QUIET_MS))).await;
+    }
+    let schedule_ended = Instant::now();
+    let reshapes = reshaper.stop().await;
+    eprintln!(
+        "t+{:.1}s schedule over: {held:?}; reshaping {reshapes:?}",
+        started.elapsed().as_secs_f64()
+    );
+
+    // Produce is acknowledged again through every broker (the load's producers are spread over
+    // all of them, and each must be heard from).
+    let mut clients = Vec::new();
+    for host in 0..hosts {
+        clients.push(brokers.admin(host, ADMIN_PASSWORD).await);
+    }
+    for (host, client) in clients.iter().enumerate() {
+        eventually("produce through every broker", CONVERGE_S, || async {
+            let record = malachi_client::RecordBuilder::new(format!("after/{host}=0")).build();
+            client
+                .produce(TOPICS[host % TOPICS.len()], vec![record])
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+        .await;
+    }
+    let (acked, acked_at) = load.stop().await;
+    let converged = eventually("every broker converges", CONVERGE_S, || async {
+        for client in &clients {
+            converged(client, &everyone).await?;
+        }
+        Ok(())
+    })
+    .await;
+
+    let total: usize = acked.values().map(Vec::len).sum();
+    assert!(total > 0, "nothing was acknowledged");
+    for client in &clients {
+        assert_read_back(client, &TOPICS, &acked).await;
+    }
+    let longest_gap = acked_at.windows(2).map(|pair| pair[1] - pair[0]).max().unwrap_or_default();
+    eprintln!(
+        "chaos drill seed {seed}: {held:?} over {drill:?}; reshaping {reshapes:?}; {total} records \
+         acknowledged, all read back in order through every broker; longest gap between \
+         acknowledgements {longest_gap:?}; converged {converged:?} after the last fault ({:?} since \
+         the schedule ended)",
+        schedule_ended.elapsed()
+    );
+}
+
+fn inflict(network: &Network, brokers: &mut Brokers, host: usize, fault: Fault) {
+    match fault {
+        Fault::Kill => brokers.kill(host),
+        Fault::Pause => brokers.signal(host, "STOP"),
+        Fault::Isolate => network.cut(host, Cut::Both),
+        Fault::Deafen => network.cut(host, Cut::Inbound),
+    }
+}
+
+fn undo(network: &Network, brokers: &mut Brokers, host: usize, fault: Fault) {
+    match fault {
+        Fault::Kill => brokers.restart(host),
+        Fault::Pause => brokers.signal(host, "CONT"),
+        Fault::Isolate | Fault::Deafen => network.heal(host),
+    }
+}
+
+/// Whether `client`'s broker sees the cluster whole again: every broker alive, every Raft
+/// group with a leader, every sealed segment of the drill's topics settled on each copy and
+/// every copy answering.
+async fn converged(client: &Client, everyone: &[u64]) -> Result<(), String> {
+    reports(client, everyone, 0).await?;
+    let status = client.cluster_status().await.map_err(|error| error.to_string())?;
+    if let Some(group) = status.groups.iter().find(|group| group.leader == 0) {
+        return Err(format!("group {} has no leader", group.group_id));
+    }
+    for topic in TOPICS {
+        let described = client.describe_segments(topic).await.map_err(|e| e.to_string())?;
+        for segment in &described.segments {
+            let unsettled = segment.state == SegmentState::Sealed
+                && segment.copies.iter().any(|copy| !copy.settled);
+            if unsettled || segment.copies.iter().any(|copy| !copy.answered) {
+                return Err(format!("{topic}: {segment:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Splits and merges the drill's topics through any broker, on a schedule of its own, until
+/// stopped; what the brokers answered, by outcome.
+struct Reshaper {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<BTreeMap<String, usize>>,
+}
+
+impl Reshaper {
+    fn start(addresses: Vec<String>, seed: u64) -> Reshaper {
+        let stop: Arc<AtomicBool> = Arc::default();
+        let stopped = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let mut schedule = Schedule(seed);
+            let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+            while !stopped.load(Ordering::Relaxed) {
+                let pause = schedule.within(500..2_500);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let address = &addresses[schedule.below(addresses.len() as u64) as usize];
+                let topic = TOPICS[schedule.below(TOPICS.len() as u64) as usize];
+                // A broker that is down or cut off makes the attempt fail: counted, not fatal.
+                let outcome = match common::connect_to(address, "admin", ADMIN_PASSWORD).await {
+                    Ok(client) => reshape(&client, topic, &mut schedule).await,
+                    Err(_) => "no connection".to_string(),
+                };
+                *outcomes.entry(outcome).or_default() += 1;
+            }
+            outcomes
+        });
+        Reshaper { stop, task }
+    }
+
+    async fn stop(self) -> BTreeMap<String, usize> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// One split of a random active range, or, once the topic has many, one merge of a pair of
+/// active buddies; the outcome in a word.
+async fn reshape(client: &Client, topic: &str, schedule: &mut Schedule) -> String {
+    let described = match client.describe_topic(topic).await {
+        Ok(described) => described,
+        Err(error) => return format!("describe: {}", error.reason_text().unwrap_or("failed")),
+    };
+    let active: Vec<&RangeDescription> =
+        described.ranges.iter().filter(|range| range.state == RangeState::Active).collect();
+    let buddies = described.ranges.iter().find_map(|parent| match parent.children[..] {
+        [low, high]
+            if active.iter().filter(|r| r.range_id == low || r.range_id == high).count() == 2 =>
+        {
+            Some((low, high))
+        }
+        _ => None,
+    });
+    let merge = active.len() >= ACTIVE_RANGES_MAX || (active.len() > 2 && schedule.below(3) == 0);
+    let answer = match (merge, buddies) {
+        (true, Some((low, high))) => client.merge_ranges(topic, low, high).await.map(|_| "merged"),
+        _ if active.is_empty() || active.len() >= ACTIVE_RANGES_MAX => return "left alone".into(),
+        _ => {
+            let range = active[schedule.below(active.len() as u64) as usize].range_id;
+            client.split_range(topic, range).await.map(|_| "split")
+        }
+    };
+    match answer {
+        Ok(done) => done.to_string(),
+        Err(error) => error.reason_text().unwrap_or("failed").to_string(),
+    }
+}
