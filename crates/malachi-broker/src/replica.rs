@@ -278,6 +278,15 @@ const SHIPPED_FENCED: u8 = 1;
 const SHIPPED_FAILED: u8 = 2;
 const SHIPPED_REFUSED: u8 = 3;
 
+/// A span of a head's records to ship to a follower, in the follower's window `epoch`.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    follower: u64,
+    start: u64,
+    end: u64,
+    epoch: u64,
+}
+
 impl Broker {
     /// `key`'s replicas as this broker sees them; `None` once metadata no longer lists it.
     pub(crate) fn role(&self, key: SegmentKey) -> Option<Role> {
@@ -430,10 +439,11 @@ impl Broker {
     fn execute(self: &Arc<Self>, head: &Arc<Head>, actions: Vec<Action>) {
         for action in actions {
             match action {
-                Action::Ship { follower, start, end } => {
+                Action::Ship { follower, start, end, epoch } => {
                     let broker = Arc::clone(self);
                     let head = Arc::clone(head);
-                    tokio::spawn(async move { broker.ship(head, follower, start, end).await });
+                    let span = Span { follower, start, end, epoch };
+                    tokio::spawn(async move { broker.ship(head, span).await });
                 }
                 Action::Acked { end } => {
                     head.acked.send_modify(|acked| acked.end = acked.end.max(end));
@@ -450,25 +460,33 @@ impl Broker {
         }
     }
 
-    /// Ships records `[start, end)` of the head to `follower` and feeds its answer back.
-    async fn ship(self: Arc<Self>, head: Arc<Head>, follower: u64, start: u64, end: u64) {
+    /// Ships a span of the head to its follower and feeds the answer back.
+    async fn ship(self: Arc<Self>, head: Arc<Head>, span: Span) {
+        let Span { follower, start, end, epoch } = span;
         let key = head.key;
         let records = match head.held(start, end) {
-            Some(records) => records,
+            Some(records) => Ok(records),
             None => self.records_from_file(key, start, end).await,
         };
-        let acked_end = head.acked().end;
-        let mut payload = remote::encode_key(key);
-        payload.extend_from_slice(&start.to_le_bytes());
-        payload.extend_from_slice(&acked_end.to_le_bytes());
-        remote::encode_records(&records, &mut payload);
-        let answer = self.data_call(follower, remote::CALL_REPLICATE, payload).await;
-        let actions = match answer.map(|answer| decode_shipped(&answer)) {
+        let answer = match records {
+            Ok(records) => {
+                let acked_end = head.acked().end;
+                let mut payload = remote::encode_key(key);
+                payload.extend_from_slice(&start.to_le_bytes());
+                payload.extend_from_slice(&acked_end.to_le_bytes());
+                remote::encode_records(&records, &mut payload);
+                drop(records);
+                let answer = self.data_call(follower, remote::CALL_REPLICATE, payload).await;
+                answer.map(|answer| decode_shipped(&answer))
+            }
+            Err(error) => Ok(Err(error)),
+        };
+        let actions = match answer {
             Ok(Ok(Shipped::Durable(durable))) => {
                 head.step(|machine| machine.follower_durable(follower, durable))
             }
             Ok(Ok(Shipped::Refused(durable))) => {
-                head.step(|machine| machine.follower_refused(follower, durable))
+                head.step(|machine| machine.follower_refused(follower, durable, epoch))
             }
             Ok(Ok(Shipped::Fenced)) => {
                 tracing::info!(?key, follower, "a follower's copy is sealed: the head is fenced");
@@ -476,7 +494,7 @@ impl Broker {
             }
             Ok(Err(error)) | Err(error) => {
                 tracing::debug!(?key, follower, %error, "shipping to a follower failed");
-                let actions = head.step(|machine| machine.follower_unreachable(follower));
+                let actions = head.step(|machine| machine.follower_unreachable(follower, epoch));
                 self.execute(&head, actions);
                 tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
                 head.step(|machine| machine.retry_follower(follower))
@@ -486,14 +504,21 @@ impl Broker {
     }
 
     /// Records `[start, end)` of this broker's copy (durable ones; fewer if it holds fewer).
-    async fn records_from_file(&self, key: SegmentKey, start: u64, end: u64) -> Vec<Record> {
-        let Ok(segment) = self.segment(key).await else { return Vec::new() };
+    /// A copy that cannot be read fails the span (retried after a pause), rather than shipping
+    /// nothing and having the follower refuse the spans after it.
+    async fn records_from_file(
+        &self,
+        key: SegmentKey,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Record>, LogError> {
+        let segment = self.segment(key).await?;
         let wanted = u32::try_from(end - start).unwrap_or(u32::MAX);
         match self.data.read(segment, start, wanted, CATCH_UP_BYTES_MAX).await {
-            Ok(batch) => batch.records.into_iter().map(|stored| stored.record).collect(),
+            Ok(batch) => Ok(batch.records.into_iter().map(|stored| stored.record).collect()),
             Err(error) => {
                 tracing::warn!(?key, start, %error, "reading records to ship failed");
-                Vec::new()
+                Err(LogError::Storage { reason: "storage_failed", detail: error.to_string() })
             }
         }
     }

@@ -181,6 +181,7 @@ async fn the_chaos_drill_loses_nothing_and_converges() {
     })
     .await;
     phase("converged");
+    let recovered = schedule_ended.elapsed();
     memory.check();
 
     let total: usize = acked.values().map(Vec::len).sum();
@@ -195,9 +196,8 @@ async fn the_chaos_drill_loses_nothing_and_converges() {
     eprintln!(
         "chaos drill seed {seed}: {held:?} over {drill:?}; reshaping {reshapes:?}; {total} records \
          acknowledged, all read back in order through every broker; longest gap between \
-         acknowledgements {longest_gap:?}; converged {converged:?} after the last fault ({:?} since \
-         the schedule ended); peak resident memory per broker {peaks:?} MiB",
-        schedule_ended.elapsed()
+         acknowledgements {longest_gap:?}; converged {converged:?} after the last fault ({recovered:?} \
+         after the schedule ended); peak resident memory per broker {peaks:?} MiB"
     );
     drop(brokers);
     std::fs::remove_dir_all(&dir).unwrap();

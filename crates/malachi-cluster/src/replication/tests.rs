@@ -18,7 +18,7 @@ fn ships(actions: &[Action]) -> Vec<(u64, u64, u64)> {
     actions
         .iter()
         .filter_map(|action| match action {
-            Action::Ship { follower, start, end } => Some((*follower, *start, *end)),
+            Action::Ship { follower, start, end, .. } => Some((*follower, *start, *end)),
             _ => None,
         })
         .collect()
@@ -100,14 +100,41 @@ fn stale_answers_change_nothing_and_a_refusal_reships_from_the_followers_end() {
     primary.follower_durable(2, 10);
     assert!(primary.take_actions().is_empty(), "a late answer for an earlier span");
     // Follower 3 lost what it had not synced: it refuses, and is shipped again from its end.
-    primary.follower_refused(3, 0);
+    primary.follower_refused(3, 0, 0);
     assert_eq!(ships(&primary.take_actions()), [(3, 0, 10), (3, 10, 20)]);
+}
+
+/// Every span of a refused window is refused in turn (the first one arrived late): only the
+/// first refusal ships the window again; the others belong to the window already replaced.
+/// Before window epochs, each of them reshipped a whole window, and spans in flight multiplied.
+#[test]
+fn the_rest_of_a_refused_window_ships_nothing_more() {
+    let mut primary = Primary::new(&[2, 3], 0, config());
+    primary.staged(0, 10, 10, 0);
+    primary.staged(10, 20, 10, 0);
+    assert_eq!(ships(&primary.take_actions()), [(2, 0, 10), (3, 0, 10), (2, 10, 20), (3, 10, 20)]);
+    // Follower 3 took neither (the first span came late): it refuses both, at its end 0.
+    primary.follower_refused(3, 0, 0);
+    assert_eq!(ships(&primary.take_actions()), [(3, 0, 10), (3, 10, 20)]);
+    primary.follower_refused(3, 0, 0);
+    assert!(ships(&primary.take_actions()).is_empty(), "a stale refusal ships nothing");
+    // A failure of the old window is stale too: the follower is not taken out of reach.
+    primary.follower_unreachable(3, 0);
+    primary.follower_durable(3, 20);
+    primary.local_durable(20);
+    assert_eq!(primary.acked_end(), 20);
+    // A refusal of the current window is not stale.
+    assert_eq!(primary.window_epoch(3), Some(1));
+    primary.staged(20, 30, 10, 0);
+    primary.take_actions();
+    primary.follower_refused(3, 20, 1);
+    assert_eq!(ships(&primary.take_actions()), [(3, 20, 30)]);
 }
 
 #[test]
 fn a_follower_out_of_reach_is_shipped_from_the_file_once_back() {
     let mut primary = Primary::new(&[2, 3], 0, config());
-    primary.follower_unreachable(3);
+    primary.follower_unreachable(3, 0);
     for batch in 0..3 {
         primary.staged(batch * 5, batch * 5 + 5, 10, 0);
         primary.take_actions();
@@ -124,8 +151,8 @@ fn a_follower_out_of_reach_is_shipped_from_the_file_once_back() {
 #[test]
 fn without_a_quorum_a_batch_fails_in_bounded_time_and_so_does_every_later_one() {
     let mut primary = Primary::new(&[2, 3], 0, config());
-    primary.follower_unreachable(2);
-    primary.follower_unreachable(3);
+    primary.follower_unreachable(2, 0);
+    primary.follower_unreachable(3, 0);
     primary.staged(0, 10, 10, 1_000);
     primary.local_durable(10);
     primary.tick(1_099);
@@ -188,8 +215,8 @@ fn step() -> impl Strategy<Value = Step> {
 struct Copy {
     appended: u64,
     synced: u64,
-    /// Spans shipped to it, in order.
-    inbox: std::collections::VecDeque<(u64, u64)>,
+    /// Spans shipped to it, in order, each with its window epoch.
+    inbox: std::collections::VecDeque<(u64, u64, u64)>,
 }
 
 /// A follower takes a span: appended when it starts at its end (and synced and answered when
@@ -199,7 +226,7 @@ fn deliver(
     primary: &mut Primary,
     follower: u64,
     copy: &mut Copy,
-    (start, end): (u64, u64),
+    (start, end, epoch): (u64, u64, u64),
     sync: bool,
 ) {
     if start == copy.appended {
@@ -210,7 +237,7 @@ fn deliver(
         }
     } else {
         copy.synced = copy.appended;
-        primary.follower_refused(follower, copy.synced);
+        primary.follower_refused(follower, copy.synced, epoch);
     }
 }
 
@@ -257,7 +284,8 @@ proptest! {
                     let copy = &mut copies[follower];
                     copy.appended = copy.synced;
                     copy.inbox.clear();
-                    primary.follower_unreachable(followers[follower]);
+                    let epoch = primary.window_epoch(followers[follower]).unwrap();
+                    primary.follower_unreachable(followers[follower], epoch);
                 }
                 Step::Retry { follower } => primary.retry_follower(followers[follower]),
                 Step::Tick => {
@@ -267,10 +295,14 @@ proptest! {
             }
             for action in primary.take_actions() {
                 match action {
-                    Action::Ship { follower, start, end } => {
+                    Action::Ship { follower, start, end, epoch } => {
                         let at = followers.iter().position(|&node| node == follower).unwrap();
                         prop_assert!(start < end && end <= staged);
-                        copies[at].inbox.push_back((start, end));
+                        copies[at].inbox.push_back((start, end, epoch));
+                        // Spans in flight stay within a window or two (the current one, and
+                        // what is left of the one it replaced), never a multiple of them.
+                        let window = config().window_batches;
+                        prop_assert!(copies[at].inbox.len() <= 2 * window, "{:?}", copies[at].inbox);
                     }
                     Action::Acked { end } => {
                         prop_assert!(end > acked, "acknowledged end went from {acked} to {end}");
@@ -299,9 +331,9 @@ proptest! {
             for (at, &follower) in followers.iter().enumerate() {
                 primary.retry_follower(follower);
                 for action in primary.take_actions() {
-                    if let Action::Ship { follower, start, end } = action {
+                    if let Action::Ship { follower, start, end, epoch } = action {
                         let at = followers.iter().position(|&node| node == follower).unwrap();
-                        copies[at].inbox.push_back((start, end));
+                        copies[at].inbox.push_back((start, end, epoch));
                     }
                 }
                 if let Some(span) = copies[at].inbox.pop_front() {
