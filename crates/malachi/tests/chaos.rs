@@ -360,7 +360,9 @@ impl MemoryWatch {
     }
 
     fn check(&self) {
-        if let Some(over) = &self.state.lock().unwrap().over {
+        // Taken out before panicking, so the lock is not poisoned for the sampling thread.
+        let over = self.state.lock().unwrap().over.clone();
+        if let Some(over) = over {
             panic!("a broker's memory ran away: {over} (limit {BROKER_RSS_MAX_MIB} MiB)");
         }
     }
