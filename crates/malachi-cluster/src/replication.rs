@@ -104,6 +104,8 @@ struct Staged {
 struct Span {
     end: u64,
     bytes: u64,
+    /// Shipped from the file (the records are no longer held in memory).
+    from_file: bool,
 }
 
 #[derive(Debug, Default)]
@@ -323,13 +325,21 @@ impl Primary {
     }
 
     /// Ships `follower` what its window allows: staged batches from its next offset on, or, for
-    /// offsets no longer staged, one span up to the first staged batch.
+    /// offsets no longer staged, one span up to the first staged batch. A span from the file
+    /// goes alone: it is shipped only with nothing else in flight, and nothing follows it until
+    /// it is answered. Its records are read (up to `catch_up_records_max`, megabytes) and held
+    /// while the call is out, and a span behind it would arrive first and be refused; shipping
+    /// a window of them at once held sixteen such spans per segment and follower while a dead
+    /// broker's connections timed out (a chaos drill saw a broker pass 2 GiB).
     fn ship(&mut self, follower: u64) {
         let state = self.followers.get_mut(&follower).expect("a known follower");
         if state.unreachable || self.no_quorum_from.is_some() {
             return;
         }
-        while state.next < self.staged_end && state.in_flight.len() < self.config.window_batches {
+        while state.next < self.staged_end
+            && state.in_flight.len() < self.config.window_batches
+            && !state.in_flight.iter().any(|span| span.from_file)
+        {
             let (end, bytes) = match self.staged.iter().find(|batch| batch.end > state.next) {
                 Some(batch) if batch.start <= state.next => (batch.end, batch.bytes),
                 // Below what is staged: from the file, up to the first staged batch.
@@ -341,13 +351,14 @@ impl Primary {
             } else {
                 end
             };
+            let from_file = bytes == 0;
             let over = state.in_flight_bytes + bytes > self.config.window_bytes;
-            if over && !state.in_flight.is_empty() {
+            if (over || from_file) && !state.in_flight.is_empty() {
                 break;
             }
             let epoch = state.epoch;
             self.actions.push(Action::Ship { follower, start: state.next, end, epoch });
-            state.in_flight.push_back(Span { end, bytes });
+            state.in_flight.push_back(Span { end, bytes, from_file });
             state.in_flight_bytes += bytes;
             state.next = end;
         }

@@ -144,8 +144,13 @@ fn a_follower_out_of_reach_is_shipped_from_the_file_once_back() {
     assert_eq!(primary.acked_end(), 15, "a quorum of two out of three");
     primary.take_actions();
     // Every batch is durable on every follower in reach: none is held in memory any more.
+    // From the file one span at a time, each bounded: the next goes once the last is answered.
     primary.retry_follower(3);
-    assert_eq!(ships(&primary.take_actions()), [(3, 0, 4), (3, 4, 8)], "from the file, bounded");
+    assert_eq!(ships(&primary.take_actions()), [(3, 0, 4)], "from the file, alone");
+    primary.follower_durable(3, 4);
+    assert_eq!(ships(&primary.take_actions()), [(3, 4, 8)]);
+    primary.follower_durable(3, 8);
+    assert_eq!(ships(&primary.take_actions()), [(3, 8, 12)]);
 }
 
 #[test]
