@@ -92,8 +92,11 @@ impl Load {
     }
 }
 
-/// Every acknowledged record of `topics` is read back through `client`'s broker, each key's in
-/// the order it was produced.
+/// Every acknowledged record of `topics` is read back through `client`'s broker, once, and each
+/// key's acknowledged records in the order they were produced (design.md invariant 6: a record
+/// acknowledged before the next was sent precedes it). A record whose produce failed (its
+/// outcome unknown: the producer moved on without retrying it) may still land, and later than
+/// records sent after it; that is not a violation, and it is counted, not failed.
 pub async fn assert_read_back(client: &Client, topics: &[&str], acked: &Acked) {
     let mut read: Acked = BTreeMap::new();
     for topic in topics {
@@ -104,10 +107,23 @@ pub async fn assert_read_back(client: &Client, topics: &[&str], acked: &Acked) {
             read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
         }
     }
+    let mut late_unacknowledged = 0;
     for (key, sequences) in acked {
         let got = read.get(key).cloned().unwrap_or_default();
-        assert!(got.windows(2).all(|pair| pair[0] < pair[1]), "{key}: out of order {got:?}");
-        let missing: Vec<&u64> = sequences.iter().filter(|s| !got.contains(s)).collect();
+        let distinct: std::collections::BTreeSet<u64> = got.iter().copied().collect();
+        assert_eq!(distinct.len(), got.len(), "{key}: a record read twice {got:?}");
+        let acknowledged: std::collections::BTreeSet<u64> = sequences.iter().copied().collect();
+        let in_order: Vec<u64> =
+            got.iter().copied().filter(|sequence| acknowledged.contains(sequence)).collect();
+        assert!(
+            in_order.windows(2).all(|pair| pair[0] < pair[1]),
+            "{key}: acknowledged records out of order {in_order:?}"
+        );
+        late_unacknowledged += got.windows(2).filter(|pair| pair[0] > pair[1]).count();
+        let missing: Vec<&u64> = sequences.iter().filter(|s| !distinct.contains(s)).collect();
         assert!(missing.is_empty(), "{key}: acknowledged and lost {missing:?}");
+    }
+    if late_unacknowledged > 0 {
+        eprintln!("{late_unacknowledged} records whose produce failed landed after later ones");
     }
 }
