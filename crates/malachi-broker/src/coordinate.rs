@@ -81,6 +81,12 @@ impl Broker {
     /// Asks for a roll of every replicated head this broker is the primary of but holds no
     /// replication state for (it restarted since it created the head): it takes no appends
     /// and shows readers nothing until failover seals it, which must not wait for a producer.
+    ///
+    /// A head whose file this broker never reported created is not one: metadata records a new
+    /// segment before its primary creates the file (`create_placed`, or the first append), and
+    /// the replication state is made with the file. Rolling it in that window sealed brand-new
+    /// heads at offset 0 on a tick that happened to fall between the two (CI saw a topic's first
+    /// head rolled before its first record, which moved the head the test then failed).
     fn roll_heads_without_replication(&self) {
         let stateless: Vec<(u64, u32)> = self.read_every_meta(|meta| {
             meta.topics()
@@ -95,6 +101,7 @@ impl Broker {
                     };
                     let stateless = segment.replicas.len() > 1
                         && segment.replicas.first() == Some(&self.node_id)
+                        && segment.created_on.contains(&self.node_id)
                         && self.replication.head(key).is_none();
                     stateless.then_some((topic.topic_id, range.range_id))
                 })

@@ -105,8 +105,12 @@ async fn the_chaos_drill_loses_nothing_and_converges() {
     let mut brokers = network.start_brokers(&dir);
     let memory = MemoryWatch::start(&dir);
     let everyone: Vec<u64> = (1..=hosts as u64).collect();
-    let first = brokers.admin(0, ADMIN_PASSWORD).await;
-    eventually("every broker alive", 30, || reports(&first, &everyone, 0)).await;
+    let mut admins = Vec::new();
+    for host in 0..hosts {
+        admins.push(brokers.admin(host, ADMIN_PASSWORD).await);
+    }
+    common::cluster_ready(&admins, &everyone).await;
+    let first = admins.swap_remove(0);
     for topic in TOPICS {
         eventually("the topic is created", 15, || async {
             match first.create_topic_with_ranges(topic, 2).await {

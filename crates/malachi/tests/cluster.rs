@@ -143,12 +143,17 @@ async fn create_topic(client: &Client, topic: &str, ranges: u32) {
 }
 
 /// `count` brokers under `dir`: the first starts the cluster, the others join through it.
-fn start_cluster(dir: &std::path::Path, count: usize) -> Vec<Member> {
-    start_cluster_with(dir, count, &[])
+/// Returns once every broker sees every other alive and every group led (`cluster_ready`).
+async fn start_cluster(dir: &std::path::Path, count: usize) -> Vec<Member> {
+    start_cluster_with(dir, count, &[]).await
 }
 
 /// As [`start_cluster`], every broker with the settings `env` too.
-fn start_cluster_with(dir: &std::path::Path, count: usize, env: &[(&str, &str)]) -> Vec<Member> {
+async fn start_cluster_with(
+    dir: &std::path::Path,
+    count: usize,
+    env: &[(&str, &str)],
+) -> Vec<Member> {
     let cluster_ports: Vec<u16> = (0..count).map(|_| free_port()).collect();
     let mut members: Vec<Member> = (0..count)
         .map(|i| {
@@ -164,6 +169,12 @@ fn start_cluster_with(dir: &std::path::Path, count: usize, env: &[(&str, &str)])
     for member in &mut members {
         member.start();
     }
+    let mut clients = Vec::new();
+    for member in &members {
+        clients.push(member.admin().await);
+    }
+    let node_ids: Vec<u64> = (1..=count as u64).collect();
+    common::cluster_ready(&clients, &node_ids).await;
     members
 }
 
@@ -171,7 +182,7 @@ fn start_cluster_with(dir: &std::path::Path, count: usize, env: &[(&str, &str)])
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_client_is_served_by_every_broker() {
     let dir = tempfile::tempdir().unwrap();
-    let members = start_cluster(dir.path(), 3);
+    let members = start_cluster(dir.path(), 3).await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/wire_smoke.js");
     for member in &members {
         member.admin().await;
@@ -190,7 +201,7 @@ async fn a_node_client_is_served_by_every_broker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
     let dir = tempfile::tempdir().unwrap();
-    let mut members = start_cluster(dir.path(), 3);
+    let mut members = start_cluster(dir.path(), 3).await;
     let mut clients = Vec::new();
     for member in &members {
         clients.push(member.admin().await);
@@ -353,7 +364,7 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_broker_describes_each_copy_of_a_segment() {
     let dir = tempfile::tempdir().unwrap();
-    let members = start_cluster(dir.path(), 3);
+    let members = start_cluster(dir.path(), 3).await;
     let mut clients = Vec::new();
     for member in &members {
         clients.push(member.admin().await);
@@ -478,7 +489,7 @@ async fn a_broker_of_another_cluster_cannot_join() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_under_load_loses_no_acknowledged_record() {
     let dir = tempfile::tempdir().unwrap();
-    let mut members = start_cluster(dir.path(), 3);
+    let mut members = start_cluster(dir.path(), 3).await;
     let mut clients = Vec::new();
     for member in &members {
         clients.push(member.admin().await);
@@ -525,15 +536,18 @@ enum PrimaryFailure {
 /// in order through every live broker (a paused one too, once it is back).
 async fn primary_fails_under_load(failure: PrimaryFailure) {
     let dir = tempfile::tempdir().unwrap();
-    let mut members = start_cluster(dir.path(), 3);
+    let mut members = start_cluster(dir.path(), 3).await;
     let client = members[0].admin().await;
     for node_id in 1..=3 {
         status_becomes(&client, node_id, 0).await;
     }
     create_topic(&client, "primary", 1).await;
     client.produce("primary", vec![RecordBuilder::new("warm=0").build()]).await.unwrap();
+    // The range's head now (metadata may have rolled the first segment already).
     let described = client.describe_segments("primary").await.unwrap();
-    let primary = described.segments[0].copies[0].node_id as usize - 1;
+    let head = described.segments.iter().rfind(|segment| segment.state == SegmentState::Active);
+    let head = head.expect("an active head").clone();
+    let primary = head.copies[0].node_id as usize - 1;
     let survivors: Vec<usize> = (0..3).filter(|&at| at != primary).collect();
     let addresses: Vec<String> =
         survivors.iter().map(|&at| members[at].process.address()).collect();
@@ -576,8 +590,13 @@ async fn primary_fails_under_load(failure: PrimaryFailure) {
     }
     let survivor = members[survivors[0]].admin().await;
     let described = survivor.describe_segments("primary").await.unwrap();
-    let first = &described.segments[0];
-    assert_eq!(first.state, SegmentState::Sealed, "the failed primary's head is sealed: {first:?}");
+    let failed_head = described.segments.iter().find(|s| s.segment_id == head.segment_id);
+    let failed_head = failed_head.expect("the failed primary's head is still listed");
+    assert_eq!(
+        failed_head.state,
+        SegmentState::Sealed,
+        "the failed primary's head is sealed: {failed_head:?}"
+    );
     let head = described.segments.last().unwrap();
     let failed = primary as u64 + 1;
     assert!(
@@ -638,7 +657,7 @@ async fn damaged_follower_copies_are_rebuilt() {
         ("MALACHI_SCRUB_INTERVAL_MS", "200"),
         ("MALACHI_SCRUB_SEGMENTS_PER_TICK", "4"),
     ];
-    let members = start_cluster_with(dir.path(), 3, &settings);
+    let members = start_cluster_with(dir.path(), 3, &settings).await;
     let client = members[0].admin().await;
     for node_id in 1..=3 {
         status_becomes(&client, node_id, 0).await;
@@ -726,7 +745,7 @@ async fn replicas_move_off_a_broker_dead_for_good() {
         ("MALACHI_AUTO_SPLIT_ENABLED", "false"),
         ("MALACHI_REPLICA_REPLACE_AFTER_MS", "1000"),
     ];
-    let mut members = start_cluster_with(dir.path(), 4, &settings);
+    let mut members = start_cluster_with(dir.path(), 4, &settings).await;
     let client = members[0].admin().await;
     for node_id in 1..=4 {
         status_becomes(&client, node_id, 0).await;
@@ -813,7 +832,7 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
         ("MALACHI_MERGE_RECORDS_PER_S", "0"),
         ("MALACHI_RESHAPE_COOLDOWN_MS", "1000"),
     ];
-    let members = start_cluster_with(dir.path(), 3, &env);
+    let members = start_cluster_with(dir.path(), 3, &env).await;
     let mut clients = Vec::new();
     for member in &members {
         clients.push(member.admin().await);
@@ -879,7 +898,7 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
 async fn seats_move_off_dead_and_removed_brokers() {
     let dir = tempfile::tempdir().unwrap();
     let env = [("MALACHI_VOTER_REPLACE_AFTER_MS", "1000")];
-    let mut members = start_cluster_with(dir.path(), 4, &env);
+    let mut members = start_cluster_with(dir.path(), 4, &env).await;
     let mut clients = Vec::new();
     for member in &members {
         clients.push(member.admin().await);

@@ -42,6 +42,7 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
     for process in &brokers.processes {
         clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
     }
+    common::cluster_ready(&clients, &[1, 2, 3]).await;
     // A topic created through each broker, with records in it (placement spreads them).
     for (host, client) in clients.iter().enumerate() {
         let topic = format!("held{}", host + 1);
@@ -161,13 +162,7 @@ async fn a_primary_cut_off_from_its_followers_is_sealed_around_and_settled_after
     for process in &brokers.processes {
         clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
     }
-    eventually("every broker alive everywhere", 20, || async {
-        for client in &clients {
-            reports(client, &[1, 2, 3], 0).await?;
-        }
-        Ok(())
-    })
-    .await;
+    common::cluster_ready(&clients, &[1, 2, 3]).await;
     eventually("the topic is created", 15, || async {
         match clients[0].create_topic("cut").await {
             Ok(()) => Ok(()),

@@ -223,3 +223,43 @@ pub fn vnodes_led(
     }
     led
 }
+
+/// Waits until the broker of every client in `clients` reports each broker of `node_ids` alive
+/// and every Raft group led, as a client retrying the retryable reasons of a cluster still
+/// starting would (`metadata_unavailable` while a group has no leader, `no_quorum` while
+/// membership has not yet seen the brokers a new segment needs). A test's first request comes
+/// after this, never right after the processes start.
+pub async fn cluster_ready(clients: &[Client], node_ids: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for client in clients {
+        loop {
+            let problem = match client.cluster_status().await {
+                Err(error) => format!("cluster status: {error}"),
+                Ok(status) => ready_problem(&status, node_ids),
+            };
+            if problem.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the cluster never became ready: {problem}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// What keeps `status` from being a ready cluster of `node_ids` (empty: nothing).
+fn ready_problem(status: &malachi_client::ClusterStatusResponse, node_ids: &[u64]) -> String {
+    let alive =
+        |id: &u64| status.brokers.iter().any(|broker| broker.node_id == *id && broker.status == 0);
+    if let Some(missing) = node_ids.iter().find(|id| !alive(id)) {
+        return format!("broker {} does not see broker {missing} alive: {:?}", status.node_id, {
+            &status.brokers
+        });
+    }
+    match status.groups.iter().find(|group| group.leader == 0) {
+        Some(group) => {
+            format!("broker {} knows no leader of group {}", status.node_id, group.group_id)
+        }
+        None if status.groups.is_empty() => format!("broker {} lists no groups", status.node_id),
+        None => String::new(),
+    }
+}
