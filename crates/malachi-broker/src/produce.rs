@@ -21,8 +21,14 @@ use crate::node::Broker;
 use crate::remote::Remote;
 use crate::replica::ReplicatedAppendError;
 
-/// Re-route attempts after a fenced head before answering `migrating`.
-const ROUTE_ATTEMPTS_MAX: u32 = 64;
+/// How long a produce re-routes records whose head was fenced (a roll, split or merge under
+/// way) before answering `migrating`. A roll creates the new head on every replica with an
+/// fsync each; on a loaded machine that took longer than the 0.6 s that 64 attempts covered,
+/// and a CI run saw a plain produce refused with `migrating` right after a roll.
+const ROUTE_WAIT_MS_MAX: u64 = 10_000;
+
+/// The longest pause between two routing passes; the pause grows by 1 ms per pass to it.
+const ROUTE_PAUSE_MS_MAX: u64 = 20;
 
 /// Per-connection producer state: where keyless records go next.
 #[derive(Clone, Copy, Debug, Default)]
@@ -84,15 +90,19 @@ impl Broker {
             })
             .collect();
         let mut pending: Vec<usize> = (0..records.len()).collect();
-        for attempt in 0..ROUTE_ATTEMPTS_MAX {
+        let deadline_ms = self.clock.now_ms().saturating_add(ROUTE_WAIT_MS_MAX);
+        for pass in 0_u64.. {
             pending = self.append_routed(topic_id, &records, &slots, pending).await?;
             if pending.is_empty() {
                 self.notifier.notify(topic_id);
                 self.metrics.produced(topic, u64::from(count), bytes);
                 return Ok(count);
             }
+            if self.clock.now_ms() >= deadline_ms {
+                break;
+            }
             // Let the reshape that fenced the head finish before routing again.
-            tokio::time::sleep(Duration::from_millis(u64::from(attempt.min(10)))).await;
+            tokio::time::sleep(Duration::from_millis(pass.min(ROUTE_PAUSE_MS_MAX))).await;
         }
         Err(LogError::Migrating)
     }
