@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use malachi_consensus::{ConsensusError, MessageKind, RaftGroup, StateMachine};
 use malachi_meta::{AdminCommand, BrokerRecord};
-use malachi_transport::{Handler, HandlerFuture, Request, Service, Transport};
+use malachi_transport::{Caller, Handler, HandlerFuture, Request, Service, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::node::{ADMIN_GROUP_ID, Broker};
@@ -56,18 +56,35 @@ struct AddMember {
     cluster_address: String,
 }
 
-/// Answers the calls peers make to this broker.
+/// Answers the calls peers make to this broker: a member's calls as that member's (the node
+/// its certificate names), a stranger's enrollment and nothing else.
 pub struct PeerHandler(pub Weak<Broker>);
 
+/// What a stranger is told when it calls anything but the enrollment.
+pub const STRANGERS_ENROLL_ONLY: &str =
+    "a broker without the cluster's certificate may only enroll, with the cluster token";
+
 impl Handler for PeerHandler {
-    fn handle(&self, request: Request) -> HandlerFuture {
+    fn handle(&self, caller: Caller, request: Request) -> HandlerFuture {
         let broker = self.0.upgrade();
         Box::pin(async move {
             let broker = broker.ok_or_else(|| "this broker is shutting down".to_string())?;
-            match request.service {
-                Service::Raft => broker.handle_raft(request).await,
-                Service::Cluster => broker.handle_cluster_call(request).await,
-                Service::Data => broker.handle_data_call(request).await,
+            match (caller, request.service) {
+                (Caller::Stranger { binding }, Service::Cluster)
+                    if request.kind == crate::enroll::CALL_ENROLL =>
+                {
+                    broker.enroll(binding, &request.payload).await
+                }
+                (Caller::Stranger { .. }, _) => Err(STRANGERS_ENROLL_ONLY.to_string()),
+                (Caller::Member(sender), Service::Raft) => {
+                    broker.handle_raft(sender, request).await
+                }
+                (Caller::Member(sender), Service::Cluster) => {
+                    broker.handle_cluster_call(sender, request).await
+                }
+                (Caller::Member(sender), Service::Data) => {
+                    broker.handle_data_call(sender, request).await
+                }
             }
         })
     }
@@ -128,13 +145,8 @@ impl Broker {
     pub async fn join(&self, seeds: &[String]) -> Result<(), String> {
         let transport = self.transport().ok_or("this broker has no cluster transport")?;
         let record = serde_json::to_vec(&self.own_record()).map_err(|error| error.to_string())?;
-        let request = Request {
-            service: Service::Cluster,
-            group_id: 0,
-            kind: CALL_JOIN,
-            source_node_id: self.node_id,
-            payload: record,
-        };
+        let request =
+            Request { service: Service::Cluster, group_id: 0, kind: CALL_JOIN, payload: record };
         let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
         let mut last_error = String::from("no seed configured");
         for _ in 0..JOIN_WAIT_MS / JOIN_RETRY_MS {
@@ -177,25 +189,58 @@ impl Broker {
         Err(format!("admitted, but not caught up within {JOIN_WAIT_MS} ms"))
     }
 
-    async fn handle_raft(&self, request: Request) -> Result<Vec<u8>, String> {
+    /// A Raft message from `sender`: of a member of the group (or a registered broker, whose
+    /// membership this broker may not have applied yet), speaking for itself alone.
+    async fn handle_raft(&self, sender: u64, request: Request) -> Result<Vec<u8>, String> {
         let kind = MessageKind::from_code(request.kind)
             .ok_or_else(|| format!("unknown Raft message kind {}", request.kind))?;
+        let payload = &request.payload;
         let answer = match request.group_id {
-            ADMIN_GROUP_ID => self.admin.handle_message(kind, &request.payload).await,
-            ROOT_GROUP_ID => self.root.handle_message(kind, &request.payload).await,
+            ADMIN_GROUP_ID => {
+                self.admits(&self.admin, sender)?;
+                self.admin.handle_message(kind, payload, sender).await
+            }
+            ROOT_GROUP_ID => {
+                self.admits(&self.root, sender)?;
+                self.root.handle_message(kind, payload, sender).await
+            }
             group_id => match self.ring.by_group_id(group_id) {
-                Some(vnode) => vnode.group.handle_message(kind, &request.payload).await,
+                Some(vnode) => {
+                    self.admits(&vnode.group, sender)?;
+                    vnode.group.handle_message(kind, payload, sender).await
+                }
                 None => return Err(format!("group {group_id} is not on this broker")),
             },
         };
         answer.map_err(|error| error.to_string())
     }
 
-    async fn handle_cluster_call(&self, request: Request) -> Result<Vec<u8>, String> {
+    /// Whether `sender` may speak in `group`: a voter or learner of it, or a registered broker
+    /// (a group this broker has not caught up on may have added members it does not know yet;
+    /// one with no membership yet is this broker's own, joining).
+    fn admits<M: StateMachine>(&self, group: &RaftGroup<M>, sender: u64) -> Result<(), String> {
+        let voters = group.voters();
+        if voters.is_empty()
+            || voters.contains(&sender)
+            || group.learners().contains(&sender)
+            || self.admin.read(|admin| admin.0.broker(sender).is_some())
+        {
+            return Ok(());
+        }
+        Err(format!("node {sender} is neither a member of this group nor a registered broker"))
+    }
+
+    async fn handle_cluster_call(&self, sender: u64, request: Request) -> Result<Vec<u8>, String> {
         let answer = match request.kind {
             CALL_WELCOME => serde_json::to_vec(&self.welcome()),
             CALL_JOIN => {
                 let record: BrokerRecord = decode(&request.payload)?;
+                if record.node_id != sender {
+                    return Err(format!(
+                        "node {sender} asked to register node {}: a broker registers itself",
+                        record.node_id
+                    ));
+                }
                 self.admit(record).await?;
                 serde_json::to_vec(&self.brokers())
             }
@@ -288,7 +333,6 @@ impl Broker {
             service: Service::Cluster,
             group_id: add.group_id,
             kind: CALL_ADD_MEMBER,
-            source_node_id: self.node_id,
             payload,
         };
         transport
@@ -409,13 +453,8 @@ pub struct GroupView {
 
 /// Asks the broker at `seed` (an inter-node address) for the cluster's welcome.
 pub async fn fetch_welcome(transport: &Transport, seed: &str) -> Result<Welcome, String> {
-    let request = Request {
-        service: Service::Cluster,
-        group_id: 0,
-        kind: CALL_WELCOME,
-        source_node_id: transport.node_id(),
-        payload: Vec::new(),
-    };
+    let request =
+        Request { service: Service::Cluster, group_id: 0, kind: CALL_WELCOME, payload: Vec::new() };
     let (_, answer) = transport
         .call_address(seed, request, Duration::from_millis(CALL_TIMEOUT_MS))
         .await

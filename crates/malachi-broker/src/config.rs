@@ -81,8 +81,13 @@ pub struct ClusterConfig {
     /// Whether this broker is a member of a cluster: `MALACHI_CLUSTER_PORT` or
     /// `MALACHI_LOG_NODES` is set. Otherwise it is alone and opens no inter-node port.
     pub enabled: bool,
-    /// The inter-node port (`MALACHI_CLUSTER_PORT`), on the bind address.
+    /// The inter-node port (`MALACHI_CLUSTER_PORT`), on the cluster bind address.
     pub port: u16,
+    /// Where the inter-node and gossip ports listen (`MALACHI_CLUSTER_BIND_ADDRESS`; default
+    /// the client bind address), so they can stay on a private network.
+    pub bind_address: String,
+    /// How the inter-node port is secured (docs/security.md).
+    pub security: ClusterSecurity,
     /// The host peers and clients should use for this broker (`MALACHI_ADVERTISE_HOST`;
     /// default the bind address).
     pub advertise_host: String,
@@ -115,6 +120,40 @@ pub struct ClusterConfig {
     /// The integrity scrub of sealed copies (`MALACHI_SCRUB_ENABLED`, `_INTERVAL_MS`,
     /// `_SEGMENTS_PER_TICK`).
     pub scrub: ScrubConfig,
+}
+
+/// How brokers authenticate each other and encrypt their traffic.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ClusterSecurity {
+    /// TLS 1.3 with certificates of the cluster's own CA: made by the broker that creates the
+    /// cluster, handed to each joiner that proves it knows the join token (the default).
+    /// `token` is `MALACHI_CLUSTER_TOKEN`: unset, the creator generates one and a joiner has
+    /// none (and so cannot join).
+    Managed { token: Option<String> },
+    /// TLS 1.3 with the operator's CA and this broker's certificate
+    /// (`MALACHI_CLUSTER_TLS_CACERTFILE`, `_CERTFILE`, `_KEYFILE`; the certificate names the
+    /// node as `node-<id>.malachi.internal`). Such a broker admits nobody by enrollment.
+    Provided { ca_file: PathBuf, cert_file: PathBuf, key_file: PathBuf },
+    /// Plain TCP, peers believed on their word (`MALACHI_CLUSTER_INSECURE=true`).
+    Insecure,
+}
+
+impl std::fmt::Debug for ClusterSecurity {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClusterSecurity::Managed { token } => formatter
+                .debug_struct("Managed")
+                .field("token", &token.as_ref().map(|_| "<secret>"))
+                .finish(),
+            ClusterSecurity::Provided { ca_file, cert_file, key_file } => formatter
+                .debug_struct("Provided")
+                .field("ca_file", ca_file)
+                .field("cert_file", cert_file)
+                .field("key_file", key_file)
+                .finish(),
+            ClusterSecurity::Insecure => formatter.write_str("Insecure"),
+        }
+    }
 }
 
 /// How often each broker re-verifies the sealed copies it holds.
@@ -383,6 +422,8 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
     let enabled = sources.raw("CLUSTER_PORT").is_some() || !seeds.is_empty();
     Ok(ClusterConfig {
         enabled,
+        bind_address: sources.text("CLUSTER_BIND_ADDRESS").unwrap_or_else(|| bind.clone()),
+        security: cluster_security(sources)?,
         vnodes: vnodes(sources, enabled)?,
         port: sources.number("CLUSTER_PORT", 4042)?,
         gossip_port: sources.number("CLUSTER_GOSSIP_PORT", 45892)?,
@@ -400,6 +441,39 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         advertise_host: sources.text("ADVERTISE_HOST").unwrap_or(bind),
         seeds,
     })
+}
+
+/// `MALACHI_CLUSTER_INSECURE`, the operator's certificate files, or the managed CA and token.
+fn cluster_security(sources: &Sources<'_>) -> Result<ClusterSecurity, ConfigError> {
+    if sources.flag("CLUSTER_INSECURE", false)? {
+        return Ok(ClusterSecurity::Insecure);
+    }
+    let files = ["CLUSTER_TLS_CACERTFILE", "CLUSTER_TLS_CERTFILE", "CLUSTER_TLS_KEYFILE"]
+        .map(|name| sources.text(name).map(PathBuf::from));
+    match files {
+        [Some(ca_file), Some(cert_file), Some(key_file)] => {
+            return Ok(ClusterSecurity::Provided { ca_file, cert_file, key_file });
+        }
+        [None, None, None] => {}
+        _ => {
+            return Err(ConfigError::OutOfRange {
+                name: "MALACHI_CLUSTER_TLS_CACERTFILE".into(),
+                problem: "set all three of MALACHI_CLUSTER_TLS_CACERTFILE, _CERTFILE and \
+                          _KEYFILE, or none"
+                    .into(),
+            });
+        }
+    }
+    let token = sources.raw("CLUSTER_TOKEN").map(|(_, token)| token.trim().to_string());
+    if let Some(token) = &token
+        && let Err(error) = malachi_transport::pki::check_token(token)
+    {
+        return Err(ConfigError::OutOfRange {
+            name: "MALACHI_CLUSTER_TOKEN".into(),
+            problem: error.to_string(),
+        });
+    }
+    Ok(ClusterSecurity::Managed { token })
 }
 
 /// Vnodes on the ring: by default 8 for a cluster (with 3 to 5 brokers, 8 vnodes give every
@@ -548,6 +622,49 @@ pub(super) mod tests {
         let zoned = load(&[], &[("MALACHI_LOG_ATTRIBUTES", "rack=a,zone=eu-1")], &[]).unwrap();
         let zone = zoned.attributes.get("zone").map(String::as_str);
         assert_eq!((zoned.attributes.len(), zone), (2, Some("eu-1")));
+    }
+
+    #[test]
+    fn the_inter_node_port_is_secure_unless_told_otherwise() {
+        let token = "a-cluster-token-of-32-characters!";
+        type Case<'a> = (&'a [(&'a str, &'a str)], Result<ClusterSecurity, &'a str>);
+        let cases: [Case<'_>; 6] = [
+            (&[], Ok(ClusterSecurity::Managed { token: None })),
+            (
+                &[("MALACHI_CLUSTER_TOKEN", token)],
+                Ok(ClusterSecurity::Managed { token: Some(token.into()) }),
+            ),
+            (&[("MALACHI_CLUSTER_TOKEN", "short")], Err("MALACHI_CLUSTER_TOKEN: ")),
+            (&[("MALACHI_CLUSTER_INSECURE", "true")], Ok(ClusterSecurity::Insecure)),
+            (
+                &[
+                    ("MALACHI_CLUSTER_TLS_CACERTFILE", "ca.pem"),
+                    ("MALACHI_CLUSTER_TLS_CERTFILE", "node.pem"),
+                    ("MALACHI_CLUSTER_TLS_KEYFILE", "node.key"),
+                ],
+                Ok(ClusterSecurity::Provided {
+                    ca_file: "ca.pem".into(),
+                    cert_file: "node.pem".into(),
+                    key_file: "node.key".into(),
+                }),
+            ),
+            (&[("MALACHI_CLUSTER_TLS_CERTFILE", "node.pem")], Err("set all three")),
+        ];
+        for (env, expected) in cases {
+            match (load(&[], env, &[]), expected) {
+                (Ok(config), Ok(expected)) => assert_eq!(config.cluster.security, expected),
+                (Err(error), Err(expected)) => {
+                    assert!(error.to_string().contains(expected), "{env:?}: {error}");
+                }
+                (got, expected) => panic!("{env:?}: {got:?}, expected {expected:?}"),
+            }
+        }
+        let split = load(&[], &[("MALACHI_CLUSTER_BIND_ADDRESS", "10.0.0.1")], &[]).unwrap();
+        assert_eq!(
+            (split.bind_address.as_str(), split.cluster.bind_address.as_str()),
+            (DEFAULT_BIND, "10.0.0.1")
+        );
+        assert_eq!(load(&[], &[], &[]).unwrap().cluster.bind_address, DEFAULT_BIND);
     }
 
     #[test]

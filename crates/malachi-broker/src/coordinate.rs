@@ -379,13 +379,8 @@ impl Broker {
             Ask::Split { .. } | Ask::Merge { .. } => CALL_RESHAPE,
         };
         let payload = serde_json::to_vec(ask).expect("asks serialize");
-        let request = Request {
-            service: Service::Cluster,
-            group_id: vnode.group_id(),
-            kind,
-            source_node_id: self.node_id,
-            payload,
-        };
+        let request =
+            Request { service: Service::Cluster, group_id: vnode.group_id(), kind, payload };
         transport
             .call(leader, request, Duration::from_millis(LEADER_CALL_MS))
             .await

@@ -455,6 +455,13 @@ impl Broker {
             CALL_FENCE => self.fence_here(key).await,
             CALL_FILL => {
                 let (source, end) = (reader.u64()?, reader.u64()?);
+                // Fill only from a copy of the segment as this broker's metadata lists them.
+                if !self.read_meta(key.segment_id, |meta| {
+                    meta.segment(key.segment_id)
+                        .is_some_and(|segment| segment.replicas.contains(&source))
+                }) {
+                    return Err(format!("broker {source} holds no copy of segment {key:?}"));
+                }
                 self.fill_here(key, source, end).await.and_then(|_| self.copy_end_here(key))
             }
             CALL_SEAL_AT => {

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 pub use malachi_cluster::PeerStatus;
 use malachi_cluster::{Change, Membership, MembershipConfig, Peer};
+use malachi_transport::gossip_seal::GossipSeal;
 use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
 
@@ -112,10 +113,13 @@ impl Gossip {
 
 impl Broker {
     /// Starts membership on `socket` (bound to the gossip port), advertising `gossip_addr`.
+    /// `seal`, when set, seals every datagram sent and drops every one received that does not
+    /// open (docs/security.md, "Between brokers").
     pub fn spawn_gossip(
         self: &Arc<Self>,
         socket: UdpSocket,
         gossip_addr: SocketAddr,
+        seal: Option<Arc<GossipSeal>>,
     ) -> Result<Gossip, String> {
         let record = self.own_record();
         let me = Peer {
@@ -144,6 +148,7 @@ impl Broker {
         let driver = Driver {
             broker: Arc::downgrade(self),
             socket,
+            seal,
             membership: Some(membership),
             resolved: BTreeMap::new(),
             announced_ms: BTreeMap::new(),
@@ -175,6 +180,7 @@ impl Broker {
 struct Driver {
     broker: Weak<Broker>,
     socket: UdpSocket,
+    seal: Option<Arc<GossipSeal>>,
     /// `None` once left.
     membership: Option<Membership>,
     /// Gossip addresses of registered brokers, resolved once each.
@@ -201,11 +207,8 @@ impl Driver {
                 biased;
                 _ = &mut stopped => break,
                 received = self.socket.recv_from(&mut buffer) => {
-                    if let Ok((bytes, _)) = received {
-                        let membership = self.membership.as_mut().expect("running");
-                        if let Err(error) = membership.handle_datagram(&buffer[..bytes]) {
-                            tracing::debug!(%error, "gossip datagram dropped");
-                        }
+                    if let Ok((bytes, from)) = received {
+                        self.receive(&buffer[..bytes], from);
                     }
                 }
                 () = tokio::time::sleep(Duration::from_millis(sleep_ms)) => {}
@@ -213,9 +216,40 @@ impl Driver {
         }
         if let Some(membership) = self.membership.take() {
             for (to, datagram) in membership.leave() {
-                let _ = self.socket.send_to(&datagram, to).await;
+                self.send(&datagram, to).await;
             }
         }
+    }
+
+    /// Hands a received datagram to membership, once it opens under the seal.
+    fn receive(&mut self, datagram: &[u8], from: SocketAddr) {
+        let opened;
+        let plain = match &self.seal {
+            None => datagram,
+            Some(seal) => match seal.open(datagram) {
+                Some(plain) => {
+                    opened = plain;
+                    &opened[..]
+                }
+                None => {
+                    tracing::debug!(%from, "a gossip datagram that does not open under the cluster's key was dropped");
+                    return;
+                }
+            },
+        };
+        let membership = self.membership.as_mut().expect("running");
+        if let Err(error) = membership.handle_datagram(plain) {
+            tracing::debug!(%error, "gossip datagram dropped");
+        }
+    }
+
+    /// Sends one datagram, sealed if gossip is. One lost here is one SWIM loses anyway; it
+    /// retries by design.
+    async fn send(&self, datagram: &[u8], to: SocketAddr) {
+        let _ = match &self.seal {
+            None => self.socket.send_to(datagram, to).await,
+            Some(seal) => self.socket.send_to(&seal.seal_random(datagram), to).await,
+        };
     }
 
     /// Announces this broker to registered brokers not heard alive lately.
@@ -288,8 +322,7 @@ impl Driver {
         let now_ms = broker.clock.now_ms();
         broker.statuses.lock().expect("statuses lock poisoned").publish(heard, now_ms);
         for (to, datagram) in outgoing {
-            // A datagram lost here is one SWIM loses anyway; it retries by design.
-            let _ = self.socket.send_to(&datagram, to).await;
+            self.send(&datagram, to).await;
         }
     }
 }

@@ -255,12 +255,38 @@ impl Broker {
         key: SegmentKey,
         reader: &mut Reader<'_>,
     ) -> Result<Vec<u8>, String> {
-        let seal = SealInfo { end_offset: reader.u64()?, data_bytes: reader.u64()? };
+        let asked = SealInfo { end_offset: reader.u64()?, data_bytes: reader.u64()? };
         let count = reader.u8()?;
         let sources = (0..count).map(|_| reader.u64()).collect::<Result<Vec<u64>, String>>()?;
+        // The seal point and the sources are this broker's metadata's, never the caller's: a
+        // caller's word alone must not make a copy of acknowledged records shorter, or rebuild
+        // it from a broker that holds no copy.
+        let Some((seal, replicas)) = self.recorded_seal(key) else {
+            return Ok(remote::encode_failure(&LogError::NoSuchTopic));
+        };
+        if seal != asked {
+            return Err(format!(
+                "the caller settles segment {key:?} at {asked:?}, this broker's metadata seals \
+                 it at {seal:?}"
+            ));
+        }
+        let sources: Vec<u64> =
+            sources.into_iter().filter(|source| replicas.contains(source)).collect();
         Ok(match self.settle_here(key, seal, &sources).await {
             Ok(settled) => vec![remote::DONE, u8::from(settled)],
             Err(error) => remote::encode_failure(&error),
+        })
+    }
+
+    /// Where metadata seals segment `key`, and its replicas; `None` while it is active here.
+    fn recorded_seal(&self, key: SegmentKey) -> Option<(SealInfo, Vec<u64>)> {
+        self.read_meta(key.segment_id, |meta| {
+            let segment = meta.segment(key.segment_id)?;
+            if (segment.topic_id, segment.range_id) != (key.topic_id, key.range_id) {
+                return None;
+            }
+            let (end_offset, data_bytes) = segment.sealed_length()?;
+            Some((SealInfo { end_offset, data_bytes }, segment.replicas.clone()))
         })
     }
 

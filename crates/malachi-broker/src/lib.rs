@@ -10,6 +10,7 @@ pub mod coordinator;
 pub mod cursor;
 pub mod data;
 pub mod describe;
+pub mod enroll;
 pub mod error;
 mod failover;
 pub mod fetch;

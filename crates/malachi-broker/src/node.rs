@@ -63,6 +63,9 @@ pub struct ClusterDeps {
     pub first_boot: FirstBoot,
     /// The ring's size as a seed's welcome told it (a joining broker's first boot).
     pub vnodes_hint: Option<u32>,
+    /// Where the cluster CA and join token are, for admitting brokers (`crate::enroll`);
+    /// `None` when the inter-node port is insecure.
+    pub cluster_files: Option<malachi_transport::pki::ClusterFiles>,
 }
 
 /// Deliberate bugs, each one a broken guarantee the simulator must catch. Never on outside the
@@ -145,6 +148,8 @@ pub struct Broker {
     write_admin_credentials: bool,
     /// The inter-node transport and the cluster id; `None` for a broker alone.
     pub(crate) cluster: Option<(malachi_transport::Transport, String)>,
+    /// The cluster CA and token files, for enrolling brokers; `None` when insecure or alone.
+    pub(crate) cluster_files: Option<malachi_transport::pki::ClusterFiles>,
     pub(crate) load: Mutex<LoadTracker>,
     /// Ranges this broker is rolling now (as their vnode's coordinator).
     pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
@@ -301,6 +306,7 @@ impl Broker {
             canaries: deps.canaries,
             password_cost: deps.password_cost,
             write_admin_credentials: deps.write_admin_credentials,
+            cluster_files: deps.cluster.as_ref().and_then(|cluster| cluster.cluster_files.clone()),
             cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
             rolling: Mutex::new(BTreeSet::new()),
             roll_asked_ms: Mutex::new(Default::default()),

@@ -163,13 +163,7 @@ impl Broker {
         timeout_ms: u64,
     ) -> Result<Vec<u8>, LogError> {
         let transport = self.transport().ok_or(LogError::NotOwner { holders: vec![holder] })?;
-        let request = Request {
-            service: Service::Data,
-            group_id: 0,
-            kind,
-            source_node_id: self.node_id,
-            payload,
-        };
+        let request = Request { service: Service::Data, group_id: 0, kind, payload };
         let timeout = Duration::from_millis(timeout_ms);
         transport.call(holder, request, timeout).await.map_err(|error| {
             LogError::Unavailable(format!("broker {holder}, which holds the segment: {error}"))
@@ -177,7 +171,11 @@ impl Broker {
     }
 
     /// Answers a peer's data call on a segment this broker holds.
-    pub(crate) async fn handle_data_call(&self, request: Request) -> Result<Vec<u8>, String> {
+    pub(crate) async fn handle_data_call(
+        &self,
+        sender: u64,
+        request: Request,
+    ) -> Result<Vec<u8>, String> {
         let mut reader = Reader(&request.payload);
         let key = decode_key(&mut reader)?;
         // The caller acts on metadata it has applied; this broker may not have yet (a segment
@@ -190,7 +188,7 @@ impl Broker {
         }
         match request.kind {
             CALL_REPLICATE => {
-                return self.replicate_here(request.source_node_id, key, &mut reader).await;
+                return self.replicate_here(sender, key, &mut reader).await;
             }
             crate::failover::CALL_FENCE..=crate::failover::CALL_READ_RAW => {
                 return self.handle_seal_call(request.kind, key, &mut reader).await;
@@ -207,6 +205,8 @@ impl Broker {
             }
             CALL_READ => {
                 let (from, wanted, bytes_max) = (reader.u64()?, reader.u32()?, reader.u64()?);
+                // No more than a client may ask for at once, whatever the peer asked.
+                let bytes_max = bytes_max.min(u64::from(self.config.max_frame_bytes));
                 match self.read_copy(key, from, wanted, bytes_max).await {
                     Ok(Some(records)) => {
                         encode_records(&records, &mut answer);

@@ -55,6 +55,9 @@ pub enum ConsensusError {
     /// A message from a peer does not decode.
     #[error("malformed raft message: {0}")]
     Malformed(String),
+    /// A message speaks for a leader or candidate other than the node that sent it.
+    #[error("a raft message sent by node {sender} speaks for node {claimed}")]
+    Impersonation { sender: u64, claimed: u64 },
     /// openraft failed in a way this crate does not expect (a panic in its core, a response
     /// missing where one must be). A bug, reported rather than panicking the caller.
     #[error("internal consensus error: {0}")]

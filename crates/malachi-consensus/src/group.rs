@@ -597,28 +597,41 @@ impl<M: StateMachine> RaftGroup<M> {
 
     /// Handles a message a peer's [`GroupTransport`] delivered for this group; the returned
     /// bytes are the answer to send back.
+    /// `sender` is the node the transport authenticated the message's connection as: a
+    /// message speaking for a leader or a candidate is refused unless that node sent it, so a
+    /// broker cannot vote, lead or install a snapshot in another's name. (Client writes and
+    /// read-index requests come from any broker of the cluster, forwarding for its clients.)
     pub async fn handle_message(
         &self,
         kind: MessageKind,
         payload: &[u8],
+        sender: u64,
     ) -> Result<Vec<u8>, ConsensusError> {
         let store = &self.store;
         match kind {
             MessageKind::AppendEntries => {
-                let answer = self.raft.append_entries(decode_message(payload)?).await;
+                let request: openraft::raft::AppendEntriesRequest<Config<M>> =
+                    decode_message(payload)?;
+                speaks_for(sender, &request.vote)?;
+                let answer = self.raft.append_entries(request).await;
                 encode_message(&answer.map_err(|error| raft_error(store, error))?)
             }
             MessageKind::Vote => {
-                let answer = self.raft.vote(decode_message(payload)?).await;
+                let request: openraft::raft::VoteRequest<Config<M>> = decode_message(payload)?;
+                speaks_for(sender, &request.vote)?;
+                let answer = self.raft.vote(request).await;
                 encode_message(&answer.map_err(|error| raft_error(store, error))?)
             }
             MessageKind::PreVote => {
-                let answer = self.raft.pre_vote(decode_message(payload)?).await;
+                let request: openraft::raft::VoteRequest<Config<M>> = decode_message(payload)?;
+                speaks_for(sender, &request.vote)?;
+                let answer = self.raft.pre_vote(request).await;
                 encode_message(&answer.map_err(|error| raft_error(store, error))?)
             }
             MessageKind::FullSnapshot => {
                 let (vote, snapshot) =
                     decode_snapshot::<M>(payload).map_err(ConsensusError::Malformed)?;
+                speaks_for(sender, &vote)?;
                 let answer = self.raft.install_full_snapshot(vote, snapshot).await;
                 encode_message(&answer.map_err(|fatal| fatal_error(store, fatal))?)
             }
@@ -637,7 +650,10 @@ impl<M: StateMachine> RaftGroup<M> {
                 encode_message(&answer)
             }
             MessageKind::TransferLeader => {
-                let answer = self.raft.handle_transfer_leader(decode_message(payload)?).await;
+                let request: openraft::raft::TransferLeaderRequest<Config<M>> =
+                    decode_message(payload)?;
+                speaks_for(sender, request.from_leader())?;
+                let answer = self.raft.handle_transfer_leader(request).await;
                 encode_message(&answer.map_err(|fatal| fatal_error(store, fatal))?)
             }
             MessageKind::ReadIndex => {
@@ -759,6 +775,20 @@ fn stopped_error(store: &GroupStore) -> ConsensusError {
         Some(reason) => ConsensusError::Storage(StoreError::Poisoned(reason)),
         None => ConsensusError::Shutdown,
     }
+}
+
+/// Refuses a message whose vote names another node than the one that sent it.
+fn speaks_for<V>(sender: u64, vote: &V) -> Result<(), ConsensusError>
+where
+    V: openraft::vote::RaftVote,
+    V::LeaderId: openraft::vote::RaftLeaderId<NodeId = u64>,
+{
+    use openraft::vote::RaftLeaderId as _;
+    let claimed = *vote.leader_id().node_id();
+    if claimed == sender {
+        return Ok(());
+    }
+    Err(ConsensusError::Impersonation { sender, claimed })
 }
 
 fn raft_error<M: StateMachine>(store: &GroupStore, error: RaftError<Config<M>>) -> ConsensusError {

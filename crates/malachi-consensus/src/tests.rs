@@ -347,14 +347,26 @@ async fn a_stale_vote_request_from_a_peer_is_rejected() {
     let request =
         openraft::raft::VoteRequest::<Config<Counters>>::new(Vote::<Counters>::new(0, 2), None);
     let payload = serde_json::to_vec(&request).expect("encode");
-    let answer = group.handle_message(MessageKind::Vote, &payload).await.expect("vote answer");
+    let answer = group.handle_message(MessageKind::Vote, &payload, 2).await.expect("vote answer");
     let answer: openraft::raft::VoteResponse<Config<Counters>> =
         serde_json::from_slice(&answer).expect("decode");
     assert!(!answer.vote_granted);
     assert!(group.is_leader());
 
-    let malformed = group.handle_message(MessageKind::AppendEntries, b"{not json").await;
+    let malformed = group.handle_message(MessageKind::AppendEntries, b"{not json", 2).await;
     assert!(matches!(malformed, Err(ConsensusError::Malformed(_))));
+    // A vote (even a leadership-transfer one, which skips the lease) in another node's name is
+    // refused before Raft sees it: node 3 asks on node 2's behalf in a far later term.
+    let mut forged =
+        openraft::raft::VoteRequest::<Config<Counters>>::new(Vote::<Counters>::new(99, 2), None);
+    forged.leadership_transfer = true;
+    let payload = serde_json::to_vec(&forged).expect("encode");
+    let refused = group.handle_message(MessageKind::Vote, &payload, 3).await;
+    assert!(
+        matches!(refused, Err(ConsensusError::Impersonation { sender: 3, claimed: 2 })),
+        "{refused:?}"
+    );
+    assert!(group.is_leader(), "the forged vote moved the group");
     group.shutdown().await.expect("shutdown");
 }
 
@@ -533,7 +545,7 @@ impl GroupTransport for LocalNet {
         };
         Box::pin(async move {
             target
-                .handle_message(message.kind, &message.payload)
+                .handle_message(message.kind, &message.payload, message.source_node_id)
                 .await
                 .map_err(|error| TransportError::Failed(error.to_string()))
         })

@@ -108,10 +108,7 @@ impl malachi_transport::Dialer for SimDialer {
         };
         Box::pin(async move {
             let (read, write) = connected?;
-            Ok((
-                Box::new(read) as malachi_transport::StreamRead,
-                Box::new(write) as malachi_transport::StreamWrite,
-            ))
+            Ok(Box::new(tokio::io::join(read, write)) as malachi_transport::BoxStream)
         })
     }
 }
@@ -222,8 +219,14 @@ impl SimNode {
             return Ok(());
         };
         let dialer = Arc::new(SimDialer { net: net.clone(), from: self.node_id });
-        let transport =
-            malachi_transport::Transport::with_dialer(self.node_id, SIM_CLUSTER_ID, dialer);
+        // The simulator replaces the cryptography, not the checks made of a caller: a node is
+        // who its hello says, and every handler still checks that node against metadata.
+        let transport = malachi_transport::Transport::with_dialer(
+            self.node_id,
+            SIM_CLUSTER_ID,
+            dialer,
+            malachi_transport::Security::Insecure,
+        );
         let first = membership.first == self.node_id;
         deps.cluster = Some(malachi_broker::node::ClusterDeps {
             transport: transport.clone(),
@@ -235,6 +238,7 @@ impl SimNode {
             },
             // What a seed's welcome would tell a joining broker.
             vnodes_hint: (!first).then_some(self.config.cluster.vnodes),
+            cluster_files: None,
         });
         let (listener, mut accepted) = tokio::sync::mpsc::unbounded_channel();
         net.listen_on(self.node_id, crate::net::Port::Cluster, listener);
@@ -243,8 +247,8 @@ impl SimNode {
             while let Some(connection) = accepted.recv().await {
                 let transport = serving.clone();
                 tokio::spawn(async move {
-                    let (read, write) = (Box::new(connection.reader), Box::new(connection.writer));
-                    let _ = transport.serve_stream(read, write).await;
+                    let stream = tokio::io::join(connection.reader, connection.writer);
+                    let _ = transport.serve_stream(Box::new(stream)).await;
                 });
             }
         });

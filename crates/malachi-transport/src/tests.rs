@@ -1,18 +1,25 @@
 use super::*;
 
-/// Answers `echo:<payload>`, after sleeping as many milliseconds as the request's kind says, so
-/// that answers can overtake each other; kind 255 fails the call.
+/// Answers `<caller>:<group>:<payload>` (`m<id>` for a member, `s` for a stranger), after
+/// sleeping as many milliseconds as the request's kind says, so that answers can overtake each
+/// other; kind 255 fails the call, kind 254 answers the stranger's session binding.
 struct Echo;
 
 impl Handler for Echo {
-    fn handle(&self, request: Request) -> HandlerFuture {
+    fn handle(&self, caller: Caller, request: Request) -> HandlerFuture {
         Box::pin(async move {
             if request.kind == 255 {
                 return Err("refused by the handler".to_string());
             }
+            if let (254, Caller::Stranger { binding }) = (request.kind, caller) {
+                return Ok(binding.to_vec());
+            }
             tokio::time::sleep(Duration::from_millis(u64::from(request.kind))).await;
-            let mut answer =
-                format!("{}:{}:", request.source_node_id, request.group_id).into_bytes();
+            let who = match caller {
+                Caller::Member(node_id) => format!("m{node_id}"),
+                Caller::Stranger { .. } => "s".to_string(),
+            };
+            let mut answer = format!("{who}:{}:", request.group_id).into_bytes();
             answer.extend_from_slice(&request.payload);
             Ok(answer)
         })
@@ -25,7 +32,10 @@ async fn listening(
     node_id: u64,
     cluster_id: &str,
 ) -> (Transport, String, tokio::task::JoinHandle<()>) {
-    let transport = Transport::new(node_id, cluster_id);
+    serving(Transport::new(node_id, cluster_id, Security::Insecure)).await
+}
+
+async fn serving(transport: Transport) -> (Transport, String, tokio::task::JoinHandle<()>) {
     transport.set_handler(Arc::new(Echo));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
@@ -33,8 +43,12 @@ async fn listening(
     (transport, address, task)
 }
 
+fn insecure(node_id: u64, cluster_id: &str) -> Transport {
+    Transport::new(node_id, cluster_id, Security::Insecure)
+}
+
 fn request(group_id: u64, kind: u8, payload: &[u8]) -> Request {
-    Request { service: Service::Raft, group_id, kind, source_node_id: 1, payload: payload.to_vec() }
+    Request { service: Service::Raft, group_id, kind, payload: payload.to_vec() }
 }
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -42,21 +56,21 @@ const SECOND: Duration = Duration::from_secs(1);
 #[tokio::test]
 async fn calls_are_multiplexed_and_answered_out_of_order() {
     let (_server, address, _task) = listening(2, CLUSTER).await;
-    let client = Transport::new(1, CLUSTER);
+    let client = insecure(1, CLUSTER);
     client.set_address(2, &address);
     // The slow call is sent first and answered last, on the same connection.
     let slow = client.call(2, request(7, 80, b"slow"), SECOND);
     let fast = client.call(2, request(8, 0, b"fast"), SECOND);
     let (slow, fast) = tokio::join!(slow, fast);
-    assert_eq!(slow.unwrap(), b"1:7:slow");
-    assert_eq!(fast.unwrap(), b"1:8:fast");
+    assert_eq!(slow.unwrap(), b"m1:7:slow");
+    assert_eq!(fast.unwrap(), b"m1:8:fast");
     assert_eq!(client.inner.links.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn failures_are_named() {
     let (_server, address, _task) = listening(2, CLUSTER).await;
-    let client = Transport::new(1, CLUSTER);
+    let client = insecure(1, CLUSTER);
     // No address for node 3.
     let error = client.call(3, request(0, 0, b""), SECOND).await.unwrap_err();
     assert!(matches!(error, CallError::Unreachable { .. }), "{error:?}");
@@ -81,7 +95,7 @@ async fn failures_are_named() {
 #[tokio::test]
 async fn brokers_of_another_cluster_are_refused_both_ways() {
     let (_server, address, _task) = listening(2, CLUSTER).await;
-    let stranger = Transport::new(1, "ffffffffffffffffffffffffffffffff");
+    let stranger = insecure(1, "ffffffffffffffffffffffffffffffff");
     stranger.set_address(2, &address);
     let error = stranger.call(2, request(0, 0, b""), SECOND).await.unwrap_err();
     assert!(
@@ -89,11 +103,11 @@ async fn brokers_of_another_cluster_are_refused_both_ways() {
         "{error:?}"
     );
     // A node that has not joined may call (to join), and learns the cluster from the hello.
-    let joiner = Transport::new(5, "");
+    let joiner = insecure(5, "");
     let (hello, answer) =
         joiner.call_address(&address, request(0, 0, b"hi"), SECOND).await.unwrap();
-    assert_eq!(hello, Hello { node_id: 2, cluster_id: CLUSTER.into() });
-    assert_eq!(answer, b"1:0:hi");
+    assert_eq!(hello, Hello { versions: frame::VERSIONS, node_id: 2, cluster_id: CLUSTER.into() });
+    assert_eq!(answer, b"m5:0:hi");
     // But nobody may call it before it joined.
     let (_fresh, fresh_address, _fresh_task) = listening(6, "").await;
     let error = joiner.call_address(&fresh_address, request(0, 0, b""), SECOND).await.unwrap_err();
@@ -109,7 +123,7 @@ fn peer_on_own_runtime(node_id: u64, listener: std::net::TcpListener) -> tokio::
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     runtime.spawn(async move {
-        let transport = Transport::new(node_id, CLUSTER);
+        let transport = insecure(node_id, CLUSTER);
         transport.set_handler(Arc::new(Echo));
         transport.serve(TcpListener::from_std(listener).unwrap()).await;
     });
@@ -145,9 +159,9 @@ async fn a_restarted_peer_is_reached_again() {
     let listener = std_listener("127.0.0.1:0");
     let address = listener.local_addr().unwrap().to_string();
     let first = peer_on_own_runtime(2, listener);
-    let client = Transport::new(1, CLUSTER);
+    let client = insecure(1, CLUSTER);
     client.set_address(2, &address);
-    assert_eq!(client.call(2, request(0, 0, b"a"), SECOND).await.unwrap(), b"1:0:a");
+    assert_eq!(client.call(2, request(0, 0, b"a"), SECOND).await.unwrap(), b"m1:0:a");
     first.shutdown_background();
     // The dead peer's connection fails the next call (or it meets a closed link) ...
     let mut failed = 0;
@@ -158,7 +172,7 @@ async fn a_restarted_peer_is_reached_again() {
     }
     // ... and once it is back on the same address, calls reconnect.
     let second = peer_on_own_runtime(2, rebind(&address));
-    assert_eq!(client.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"1:0:c");
+    assert_eq!(client.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"m1:0:c");
     // The call made no second link slot: one per peer.
     assert_eq!(client.inner.links.lock().unwrap().len(), 1);
     second.shutdown_background();
@@ -169,7 +183,7 @@ async fn a_dead_peer_fails_calls_fast() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     drop(listener);
-    let client = Transport::new(1, CLUSTER);
+    let client = insecure(1, CLUSTER);
     client.set_address(2, &address);
     let error = client.call(2, request(0, 0, b""), Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(error, CallError::Unreachable { .. }), "{error:?}");
@@ -193,10 +207,9 @@ impl Dialer for CuttableWire {
             wire.dials.fetch_add(1, Ordering::SeqCst);
             let (caller, caller_far) = tokio::io::duplex(1 << 16);
             let (server_near, server) = tokio::io::duplex(1 << 16);
-            let (server_read, server_write) = tokio::io::split(server);
             let serving = wire.server.clone();
             tokio::spawn(async move {
-                let _ = serving.serve_stream(Box::new(server_read), Box::new(server_write)).await;
+                let _ = serving.serve_stream(Box::new(server)).await;
             });
             let (mut from_caller, mut to_caller) = tokio::io::split(caller_far);
             let (mut from_server, mut to_server) = tokio::io::split(server_near);
@@ -225,8 +238,7 @@ impl Dialer for CuttableWire {
                     }
                 }
             });
-            let (read, write) = tokio::io::split(caller);
-            Ok((Box::new(read) as StreamRead, Box::new(write) as StreamWrite))
+            Ok(Box::new(caller) as BoxStream)
         })
     }
 }
@@ -236,7 +248,7 @@ impl Dialer for CuttableWire {
 struct Recorder(Mutex<Vec<Vec<u8>>>);
 
 impl Handler for Arc<Recorder> {
-    fn handle(&self, request: Request) -> HandlerFuture {
+    fn handle(&self, _caller: Caller, request: Request) -> HandlerFuture {
         self.0.lock().unwrap().push(request.payload.clone());
         Box::pin(async move { Ok(request.payload) })
     }
@@ -244,7 +256,7 @@ impl Handler for Arc<Recorder> {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_given_up_on_a_silent_connection_is_never_delivered_later() {
-    let server = Transport::new(2, CLUSTER);
+    let server = insecure(2, CLUSTER);
     let recorder = Arc::new(Recorder::default());
     server.set_handler(Arc::new(Arc::clone(&recorder)));
     let wire = CuttableWire {
@@ -252,7 +264,7 @@ async fn a_call_given_up_on_a_silent_connection_is_never_delivered_later() {
         cut: Arc::new(AtomicBool::new(false)),
         dials: Arc::new(AtomicU64::new(0)),
     };
-    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()));
+    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()), Security::Insecure);
     client.set_address(2, "peer");
     assert_eq!(client.call(2, request(0, 0, b"before"), SECOND).await.unwrap(), b"before");
     wire.cut.store(true, Ordering::SeqCst);
@@ -270,30 +282,30 @@ async fn a_call_given_up_on_a_silent_connection_is_never_delivered_later() {
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_connection_or_a_slow_answer_keeps_its_connection() {
-    let server = Transport::new(2, CLUSTER);
+    let server = insecure(2, CLUSTER);
     server.set_handler(Arc::new(Echo));
     let wire = CuttableWire {
         server,
         cut: Arc::new(AtomicBool::new(false)),
         dials: Arc::new(AtomicU64::new(0)),
     };
-    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()));
+    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()), Security::Insecure);
     client.set_address(2, "peer");
-    assert_eq!(client.call(2, request(0, 0, b"a"), SECOND).await.unwrap(), b"1:0:a");
+    assert_eq!(client.call(2, request(0, 0, b"a"), SECOND).await.unwrap(), b"m1:0:a");
     // Idle far longer than the silence bound: nothing is owed, the connection stays.
     tokio::time::sleep(Duration::from_millis(SILENT_LINK_MS * 3)).await;
     // An answer slower than the caller waits, but within the bound: still the same connection.
     let slow = client.call(2, request(0, 200, b"b"), Duration::from_millis(50)).await;
     assert_eq!(slow, Err(CallError::Timeout));
     tokio::time::sleep(Duration::from_millis(SILENT_LINK_MS * 2)).await;
-    assert_eq!(client.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"1:0:c");
+    assert_eq!(client.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"m1:0:c");
     assert_eq!(wire.dials.load(Ordering::SeqCst), 1, "a live connection was replaced");
 }
 
 #[tokio::test]
 async fn a_slow_call_on_a_live_connection_keeps_it() {
     let (_server, address, _task) = listening(2, CLUSTER).await;
-    let client = Transport::new(1, CLUSTER);
+    let client = insecure(1, CLUSTER);
     client.set_address(2, &address);
     // The slow call times out, but answers to later calls came back meanwhile: the peer lives.
     let slow = client.call(2, request(0, 200, b"slow"), Duration::from_millis(100));
@@ -303,9 +315,148 @@ async fn a_slow_call_on_a_live_connection_keeps_it() {
     };
     let (slow, fast) = tokio::join!(slow, fast);
     assert_eq!(slow, Err(CallError::Timeout));
-    assert_eq!(fast.unwrap(), b"1:0:fast");
+    assert_eq!(fast.unwrap(), b"m1:0:fast");
     let link = client.inner.links.lock().unwrap().get(&2).cloned().unwrap();
     let link = link.lock().await.clone().unwrap();
     assert!(!link.closed.load(Ordering::Acquire), "a live connection was aborted");
     assert!(link.pending.lock().unwrap().is_empty(), "a given-up call left its waiter behind");
+}
+
+/// A cluster CA and the brokers it certified, each with its files in a directory of its own.
+struct Pki {
+    ca: pki::ClusterCa,
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        Pki { ca: pki::ClusterCa::generate(CLUSTER).unwrap(), dir: tempfile::tempdir().unwrap() }
+    }
+
+    /// Node `node_id`'s TLS, from a certificate this CA issued.
+    fn tls(&self, node_id: u64) -> Arc<ClusterTls> {
+        let files = pki::ClusterFiles::in_data_dir(&self.dir.path().join(node_id.to_string()));
+        let node = self.ca.issue(node_id).unwrap();
+        files.write(&self.ca.credentials, &node, &pki::generate_token()).unwrap();
+        Arc::new(ClusterTls::load(files).unwrap())
+    }
+
+    fn transport(&self, node_id: u64) -> Transport {
+        Transport::new(node_id, CLUSTER, Security::Tls(self.tls(node_id)))
+    }
+}
+
+#[tokio::test]
+async fn members_call_each_other_over_mutual_tls() {
+    let pki = Pki::new();
+    let (_server, address, _task) = serving(pki.transport(2)).await;
+    let client = pki.transport(1);
+    client.set_address(2, &address);
+    // The server knows the caller from its certificate.
+    assert_eq!(client.call(2, request(3, 0, b"x"), SECOND).await.unwrap(), b"m1:3:x");
+    // An address reached as "any member" is checked against the CA too.
+    let (hello, answer) = client.call_address(&address, request(4, 0, b"y"), SECOND).await.unwrap();
+    assert_eq!((hello.node_id, answer), (2, b"m1:4:y".to_vec()));
+    // The address book says node 4 is where node 2 listens: node 2's certificate says otherwise.
+    client.set_address(4, &address);
+    let error = client.call(4, request(0, 0, b""), SECOND).await.unwrap_err();
+    assert!(
+        matches!(&error, CallError::Refused { reason, .. } if reason.contains("not node 4")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_of_another_ca_is_refused_both_ways() {
+    let ours = Pki::new();
+    let theirs = Pki::new();
+    let (_server, address, _task) = serving(ours.transport(2)).await;
+    let impostor = theirs.transport(1);
+    impostor.set_address(2, &address);
+    let error = impostor.call(2, request(0, 0, b""), SECOND).await.unwrap_err();
+    assert!(
+        matches!(&error, CallError::Refused { reason, .. } if reason.contains("TLS")),
+        "{error:?}"
+    );
+    // A member calling an impostor's address finds it out before sending anything.
+    let (_impostor, impostor_address, _task) = serving(theirs.transport(3)).await;
+    let member = ours.transport(1);
+    member.set_address(3, &impostor_address);
+    let error = member.call(3, request(0, 0, b""), SECOND).await.unwrap_err();
+    assert!(
+        matches!(&error, CallError::Refused { reason, .. } if reason.contains("TLS")),
+        "{error:?}"
+    );
+    // And an insecure broker cannot talk to a secure one at all.
+    let plain = insecure(1, CLUSTER);
+    plain.set_address(2, &address);
+    assert!(plain.call(2, request(0, 0, b""), SECOND).await.is_err());
+}
+
+#[tokio::test]
+async fn a_caller_without_a_certificate_is_a_stranger_bound_to_its_session() {
+    let pki = Pki::new();
+    let (_server, address, _task) = serving(pki.transport(2)).await;
+    let joiner = Transport::new(9, "", Security::Insecure);
+    // A stranger's call reaches the handler as a stranger's, whatever node id its hello claims.
+    let (hello, _, answer) = Transport::new(9, "", Security::Unenrolled)
+        .call_as_stranger(&address, |_| request(1, 0, b"z"), SECOND)
+        .await
+        .unwrap();
+    assert_eq!((hello.node_id, answer), (2, b"s:1:z".to_vec()));
+    let (_, binding, answer) = Transport::new(9, "", Security::Unenrolled)
+        .call_as_stranger(&address, |_| request(1, 254, b""), SECOND)
+        .await
+        .unwrap();
+    assert_eq!(answer, binding.to_vec(), "both ends export the same session binding");
+    assert_ne!(binding, [0u8; 32]);
+    // An insecure stranger is refused by a secure broker: its hello is not TLS.
+    assert!(joiner.call_as_stranger(&address, |_| request(1, 0, b""), SECOND).await.is_err());
+}
+
+#[tokio::test]
+async fn a_strangers_frames_are_small() {
+    let pki = Pki::new();
+    let (_server, address, _task) = serving(pki.transport(2)).await;
+    let stranger = Transport::new(9, "", Security::Unenrolled);
+    let large = vec![7u8; frame::STRANGER_FRAME_BYTES_MAX as usize];
+    let error =
+        stranger.call_as_stranger(&address, |_| request(1, 0, &large), SECOND).await.unwrap_err();
+    assert!(matches!(error, CallError::Lost { .. } | CallError::Unreachable { .. }), "{error:?}");
+}
+
+#[tokio::test]
+async fn a_hello_naming_another_node_than_the_certificate_is_refused() {
+    let pki = Pki::new();
+    let (_server, address, _task) = serving(pki.transport(2)).await;
+    let (connector, _) = pki.tls(1).current();
+    let tcp = TcpStream::connect(&address).await.unwrap();
+    let mut stream = connector.connect(tls::server_name(Some(2)), tcp).await.unwrap();
+    let claim = Hello { versions: frame::VERSIONS, node_id: 3, cluster_id: CLUSTER.into() };
+    stream.write_all(&frame::encode_hello(&claim)).await.unwrap();
+    stream.flush().await.unwrap();
+    let error = read_hello_answer(&mut stream, &address).await.unwrap_err();
+    assert!(
+        matches!(&error, CallError::Refused { reason, .. } if reason.contains("certificate node 1")),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn peers_without_a_common_protocol_version_are_refused_with_a_reason() {
+    let (_server, address, _task) = listening(2, CLUSTER).await;
+    let next = frame::VERSIONS.end() + 1;
+    for (offered, refused) in [(next..=next + 3, true), (*frame::VERSIONS.start()..=next, false)] {
+        let mut tcp = TcpStream::connect(&address).await.unwrap();
+        let hello = Hello { versions: offered.clone(), node_id: 1, cluster_id: CLUSTER.into() };
+        tcp.write_all(&frame::encode_hello(&hello)).await.unwrap();
+        let answer = read_hello_answer(&mut tcp, &address).await;
+        match answer {
+            Err(CallError::Refused { reason, .. }) if refused => {
+                assert!(reason.contains("protocol versions"), "{reason}");
+            }
+            Ok(hello) if !refused => assert_eq!(hello.node_id, 2),
+            other => panic!("offering {offered:?}: {other:?}"),
+        }
+    }
 }

@@ -140,8 +140,10 @@ const DESCRIPTORS_RESERVED: u64 = 256;
 async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     fit_open_segments_to_descriptors(&mut config);
     let data_dir = config.data_dir.clone();
+    let mut generated_token = None;
     let (broker, report, identity, gossip) = if config.cluster.enabled {
         let member = crate::cluster_boot::open_member(config).await?;
+        generated_token = member.generated_token;
         (member.broker, member.report, member.identity, Some(member.gossip))
     } else {
         let identity = crate::identity::load_or_create(&data_dir, None, config.node_id)
@@ -166,6 +168,14 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
         eprintln!(
             "(stored in {} for the local CLI; shown only this once)",
             data_dir.join("admin.credentials").display()
+        );
+    }
+    if let Some(token) = &generated_token {
+        eprintln!("new cluster: the join token is {token}");
+        eprintln!(
+            "(other brokers join with MALACHI_CLUSTER_TOKEN set to it; stored in {}; shown only \
+             this once)",
+            data_dir.join("cluster").join("token").display()
         );
     }
     let console = start_console(&broker, server.shared()).await?;

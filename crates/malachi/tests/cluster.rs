@@ -481,7 +481,41 @@ async fn a_broker_of_another_cluster_cannot_join() {
     let status = joiner.child.as_mut().unwrap().wait().unwrap();
     assert!(!status.success());
     let log = joiner.process.log();
-    assert!(log.contains("belongs to cluster"), "{log}");
+    assert!(log.contains("not signed by this cluster's CA"), "{log}");
+}
+
+/// Joining takes the cluster's token: without it the joiner stops with a reason naming the
+/// setting; with a wrong one the seed refuses it and it stops; nothing of either is registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_without_the_token_cannot_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let first_port = free_port();
+    let mut first = Member::new(&dir.path().join("a"), 1, first_port, None);
+    first.start();
+    let admin = first.admin().await;
+    let cases = [
+        ("b", None, "joining a cluster takes its token"),
+        ("c", Some("a-wrong-token-of-at-least-32-characters"), "wrong cluster token"),
+    ];
+    for (name, token, expected) in cases {
+        let mut joiner = Member::new(&dir.path().join(name), 2, free_port(), Some(first_port));
+        match token {
+            None => joiner.process.unset.push("MALACHI_CLUSTER_TOKEN".into()),
+            Some(token) => joiner.process.env.push(("MALACHI_CLUSTER_TOKEN".into(), token.into())),
+        }
+        joiner.start();
+        let status = joiner.child.as_mut().unwrap().wait().unwrap();
+        assert!(!status.success(), "{name}");
+        let log = joiner.process.log();
+        assert!(log.contains(expected), "{name}: {log}");
+        assert!(
+            !dir.path().join(name).join("data").join("cluster").join("node.crt").exists(),
+            "{name} was given a certificate"
+        );
+    }
+    let status = admin.cluster_status().await.unwrap();
+    assert_eq!(status.brokers.len(), 1, "{status:?}");
+    assert!(first.process.log().contains("wrong cluster token"));
 }
 
 /// Producers through every broker while the vnode leader is killed and restarted: every

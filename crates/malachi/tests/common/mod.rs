@@ -17,6 +17,8 @@ use bytes::Bytes;
 use malachi_client::{Client, ClientConfig, FetchOptions, Record};
 
 pub const PASSWORD: &str = "app-password-1";
+/// The join token every test broker of a cluster is started with, as a compose file would.
+pub const CLUSTER_TOKEN: &str = "test-cluster-token-0123456789abcdef";
 
 /// Ports handed to test brokers come from here, below the kernel's ephemeral range (32768 and
 /// up on Linux): a port the kernel handed out with `bind(0)` and the test released may be taken
@@ -74,6 +76,8 @@ pub struct BrokerProcess {
     /// A command the broker runs under (`ip netns exec <host>` for a test host).
     pub wrapper: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// Variables removed from the child's environment (set by default, or inherited).
+    pub unset: Vec<String>,
     /// Runs in the child before `exec` (limits, for example).
     pub pre_exec: Option<fn() -> std::io::Result<()>>,
 }
@@ -87,6 +91,7 @@ impl BrokerProcess {
             dashboard_port: free_port(),
             wrapper: Vec::new(),
             env: Vec::new(),
+            unset: Vec::new(),
             pre_exec: None,
         }
     }
@@ -98,6 +103,12 @@ impl BrokerProcess {
 
     pub fn env(mut self, name: &str, value: impl Into<String>) -> BrokerProcess {
         self.env.push((name.to_string(), value.into()));
+        self
+    }
+
+    /// Leaves `name` out of the broker's environment.
+    pub fn unset(mut self, name: &str) -> BrokerProcess {
+        self.unset.push(name.to_string());
         self
     }
 
@@ -125,10 +136,14 @@ impl BrokerProcess {
             .env("MALACHI_DEFAULT_USERS", format!("app:{PASSWORD}:produce,consume"))
             .env("MALACHI_AUTO_SPLIT_ENABLED", "false")
             .env("MALACHI_JOURNAL_BYTES", "4194304")
+            .env("MALACHI_CLUSTER_TOKEN", CLUSTER_TOKEN)
             .envs(self.env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        for name in &self.unset {
+            command.env_remove(name);
+        }
         if let Some(pre_exec) = self.pre_exec {
             use std::os::unix::process::CommandExt;
             // SAFETY: the hook only makes async-signal-safe system calls.
