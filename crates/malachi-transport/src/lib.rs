@@ -465,7 +465,13 @@ impl Transport {
         let link = Arc::new(Link::new(writer));
         let (abort, aborted) = watch::channel(false);
         tokio::spawn(write_frames(write, queue, aborted));
-        tokio::spawn(read_answers(read, Arc::clone(&link), address.to_string(), abort));
+        // A link to a node carries every call to it and is replaced when silent; a connection
+        // of its own carries one call, which may rightly take long (a join waits for the
+        // groups to catch the joiner up) and is bounded by its caller's timeout.
+        let watch_silence = matches!(dial, Dial::Node(_));
+        let reader =
+            read_answers(read, Arc::clone(&link), address.to_string(), abort, watch_silence);
+        tokio::spawn(reader);
         Ok((peer, binding, link))
     }
 
@@ -867,6 +873,7 @@ async fn read_answers(
     link: Arc<Link>,
     address: String,
     abort: watch::Sender<bool>,
+    watch_silence: bool,
 ) {
     let check = Duration::from_millis(SILENT_LINK_MS / 4);
     let error = loop {
@@ -879,7 +886,7 @@ async fn read_answers(
                 biased;
                 frame = &mut reading => break Some(frame),
                 () = tokio::time::sleep(check) => {
-                    if link.silent() {
+                    if watch_silence && link.silent() {
                         break None;
                     }
                 }

@@ -15,6 +15,9 @@ impl Handler for Echo {
                 return Ok(binding.to_vec());
             }
             tokio::time::sleep(Duration::from_millis(u64::from(request.kind))).await;
+            if request.group_id == LONG_CALL_GROUP {
+                tokio::time::sleep(Duration::from_millis(SILENT_LINK_MS * 2)).await;
+            }
             let who = match caller {
                 Caller::Member(node_id) => format!("m{node_id}"),
                 Caller::Stranger { .. } => "s".to_string(),
@@ -27,6 +30,8 @@ impl Handler for Echo {
 }
 
 const CLUSTER: &str = "0123456789abcdef0123456789abcdef";
+/// Calls of this group take twice as long as a link may stay silent.
+const LONG_CALL_GROUP: u64 = 999;
 
 async fn listening(
     node_id: u64,
@@ -459,4 +464,21 @@ async fn peers_without_a_common_protocol_version_are_refused_with_a_reason() {
             other => panic!("offering {offered:?}: {other:?}"),
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_long_call_on_a_connection_of_its_own_is_not_cut_short() {
+    let server = insecure(2, CLUSTER);
+    server.set_handler(Arc::new(Echo));
+    let wire = CuttableWire {
+        server,
+        cut: Arc::new(AtomicBool::new(false)),
+        dials: Arc::new(AtomicU64::new(0)),
+    };
+    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire), Security::Insecure);
+    // A join waits for the groups to catch the joiner up: longer than a link may be silent.
+    let timeout = Duration::from_millis(SILENT_LINK_MS * 4);
+    let long = request(LONG_CALL_GROUP, 0, b"join");
+    let (_, answer) = client.call_address("peer", long, timeout).await.unwrap();
+    assert_eq!(answer, b"m1:999:join");
 }

@@ -16,8 +16,10 @@ use malachi_broker::cluster::{Welcome, fetch_welcome, peer_handler};
 use malachi_broker::config::{BrokerConfig, ClusterSecurity, join_host_port};
 use malachi_broker::enroll;
 use malachi_broker::gossip::Gossip;
-use malachi_broker::node::{BootReport, Broker, ClusterDeps, NodeDeps, write_cursor_secret};
-use malachi_consensus::FirstBoot;
+use malachi_broker::node::{
+    BootError, BootReport, Broker, ClusterDeps, NodeDeps, write_cursor_secret,
+};
+use malachi_consensus::{ConsensusError, FirstBoot};
 use malachi_transport::gossip_seal::GossipSeal;
 use malachi_transport::pki::{self, ClusterCa, ClusterFiles};
 use malachi_transport::{ClusterTls, Security, Transport};
@@ -116,7 +118,7 @@ pub async fn open_member(config: BrokerConfig) -> Result<Member, String> {
         broker.shutdown().await;
         return Err(error);
     }
-    let report = match broker.bootstrap().await {
+    let report = match bootstrap(&broker).await {
         Ok(report) => report,
         Err(error) => {
             broker.shutdown().await;
@@ -126,6 +128,28 @@ pub async fn open_member(config: BrokerConfig) -> Result<Member, String> {
     let seal = gossip_seal(&config_security, files_for_seal.as_ref())?;
     let gossip = broker.spawn_gossip(gossip_socket, gossip_addr, seal)?;
     Ok(Member { broker, report, identity, gossip, generated_token })
+}
+
+/// Seeds the accounts and records this broker, retrying while the administrative group has no
+/// leader: a join can move its leadership (a seat hands over), and the writes are idempotent.
+async fn bootstrap(broker: &Broker) -> Result<BootReport, BootError> {
+    const BOOTSTRAP_WAIT_MS: u64 = 30_000;
+    const RETRY_MS: u64 = 200;
+    let mut waited_ms = 0;
+    loop {
+        match broker.bootstrap().await {
+            Err(BootError::Consensus(
+                error @ (ConsensusError::NotLeader { .. }
+                | ConsensusError::OutcomeUnknown { .. }
+                | ConsensusError::Timeout { .. }),
+            )) if waited_ms < BOOTSTRAP_WAIT_MS => {
+                tracing::info!(%error, "the administrative group has no leader yet; retrying");
+                tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
+                waited_ms += RETRY_MS;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 /// The key gossip is sealed with: derived from the cluster's token (the data directory's; also
