@@ -482,3 +482,34 @@ async fn a_long_call_on_a_connection_of_its_own_is_not_cut_short() {
     let (_, answer) = client.call_address("peer", long, timeout).await.unwrap();
     assert_eq!(answer, b"m1:999:join");
 }
+
+#[tokio::test]
+async fn rotated_certificates_serve_the_next_connection_without_a_restart() {
+    let (old, new) = (Pki::new(), Pki::new());
+    let files = pki::ClusterFiles::in_data_dir(&old.dir.path().join("server"));
+    let token = pki::generate_token();
+    files.write(&old.ca.credentials, &old.ca.issue(2).unwrap(), &token).unwrap();
+    let tls = Arc::new(ClusterTls::load(files.clone()).unwrap());
+    let (_server, address, _task) = serving(Transport::new(2, CLUSTER, Security::Tls(tls))).await;
+    // A broker already on the new CA does not trust the server's old certificate.
+    let client = new.transport(1);
+    client.set_address(2, &address);
+    let error = client.call(2, request(0, 0, b"a"), SECOND).await.unwrap_err();
+    assert!(
+        matches!(&error, CallError::Refused { reason, .. } if reason.contains("TLS")),
+        "{error:?}"
+    );
+    // The server's files are replaced (a certificate of the new CA; both CAs trusted while the
+    // cluster moves): its next connection uses them, with no restart.
+    let both = pki::Credentials {
+        cert_pem: format!("{}{}", old.ca.credentials.cert_pem, new.ca.credentials.cert_pem),
+        key_pem: new.ca.credentials.key_pem.clone(),
+    };
+    files.write(&both, &new.ca.issue(2).unwrap(), &token).unwrap();
+    assert_eq!(client.call(2, request(0, 0, b"b"), SECOND).await.unwrap(), b"m1:0:b");
+    // A rotation to a certificate naming another node is refused: the old one stays.
+    files.write(&both, &new.ca.issue(3).unwrap(), &token).unwrap();
+    let other = new.transport(4);
+    other.set_address(2, &address);
+    assert_eq!(other.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"m4:0:c");
+}
