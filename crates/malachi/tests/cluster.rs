@@ -352,7 +352,7 @@ async fn three_brokers_share_metadata_and_survive_a_leader_kill() {
         let (read, _) = common::drain(&back, topic, None).await;
         assert_eq!(read.len(), 36, "{topic}: every segment survived the kill");
     }
-    back.create_topic("after-restart").await.unwrap();
+    create_topic(&back, "after-restart", 1).await;
     // ... and alive again, as seen by every broker.
     for client in clients.iter().enumerate().filter(|(i, _)| *i != leader).map(|(_, c)| c) {
         status_becomes(client, killed_id, 0).await;
@@ -375,7 +375,7 @@ async fn every_broker_describes_each_copy_of_a_segment() {
     for node_id in 1..=3 {
         status_becomes(&clients[0], node_id, 0).await;
     }
-    clients[0].create_topic("copies").await.unwrap();
+    create_topic(&clients[0], "copies", 1).await;
     let batch = (0..12).map(|n| RecordBuilder::new(format!("r{n}")).build()).collect();
     assert_eq!(clients[0].produce("copies", batch).await.unwrap(), 12);
     let mut orders = Vec::new();
@@ -882,7 +882,7 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
 
     // An operator's split through a follower.
     let follower = &clients[followers[0]];
-    follower.create_topic("manual").await.unwrap();
+    create_topic(follower, "manual", 1).await;
     produce_and_read_back(follower, "manual", 10).await;
     assert_eq!(follower.split_range("manual", 0).await.unwrap(), (1, 2));
     let described = follower.describe_topic("manual").await.unwrap();
@@ -894,7 +894,7 @@ async fn the_vnode_leader_coordinates_for_every_broker() {
     // Load through both followers until heads have filled and rolled and the hot range split:
     // as long as that takes on this machine (the split follows the measured rate, which a slow
     // machine reaches later), not for a fixed time.
-    follower.create_topic(busy).await.unwrap();
+    create_topic(follower, busy, 1).await;
     let mut acknowledged = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
@@ -966,7 +966,7 @@ async fn seats_move_off_dead_and_removed_brokers() {
     let (voters, learners, leader) = seats(&status, 1).expect("the vnode group");
     let learner = learners[0];
     let victim = *voters.iter().find(|&&id| id != 1 && id != leader).expect("a follower voter");
-    clients[0].create_topic("kept").await.unwrap();
+    create_topic(&clients[0], "kept", 1).await;
     produce_and_read_back(&clients[0], "kept", 10).await;
 
     // The victim dies: its vnode seat goes to the learner once membership held it dead 1 s.
@@ -985,7 +985,7 @@ async fn seats_move_off_dead_and_removed_brokers() {
         "broker {victim}'s vnode seat moved to {learner} {:?} after the kill",
         killed_at.elapsed()
     );
-    clients[0].create_topic("after-move").await.unwrap();
+    create_topic(&clients[0], "after-move", 1).await;
     members[victim as usize - 1].start();
     clients[victim as usize - 1] = members[victim as usize - 1].admin().await;
 
@@ -1014,7 +1014,7 @@ async fn seats_move_off_dead_and_removed_brokers() {
     for &id in &remaining {
         let topic = format!("after-remove-{id}");
         let client = &clients[id as usize - 1];
-        client.create_topic(&topic).await.unwrap();
+        create_topic(client, &topic, 1).await;
         produce_and_read_back(client, &topic, 10).await;
         let topics = client.list_topics().await.unwrap();
         assert!(topics.contains(&"after-move".to_string()), "{topics:?}");
