@@ -34,6 +34,10 @@ pub const JOIN_WAIT_MS: u64 = 30_000;
 const JOIN_RETRY_MS: u64 = 500;
 /// How long one call to a peer may take (adding a member waits for it to catch up).
 const CALL_TIMEOUT_MS: u64 = JOIN_WAIT_MS;
+/// How long a seed may take to answer a welcome: it reads local state, so a seed that takes
+/// longer is paused or cut off, and a restarting broker should not wait on it (its callers
+/// retry, or go on without).
+const WELCOME_TIMEOUT_MS: u64 = 3_000;
 
 /// What a seed tells a broker about to join.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -456,7 +460,7 @@ pub async fn fetch_welcome(transport: &Transport, seed: &str) -> Result<Welcome,
     let request =
         Request { service: Service::Cluster, group_id: 0, kind: CALL_WELCOME, payload: Vec::new() };
     let (_, answer) = transport
-        .call_address(seed, request, Duration::from_millis(CALL_TIMEOUT_MS))
+        .call_address(seed, request, Duration::from_millis(WELCOME_TIMEOUT_MS))
         .await
         .map_err(|error| format!("{seed}: {error}"))?;
     decode(&answer)

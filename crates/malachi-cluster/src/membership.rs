@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::num::{NonZeroU8, NonZeroUsize};
 use std::time::Duration;
 
-use foca::{AccumulatingRuntime, Config, Foca, NoCustomBroadcast, OwnedNotification, State, Timer};
+use foca::{
+    AccumulatingRuntime, Config, Foca, Member, NoCustomBroadcast, OwnedNotification, State, Timer,
+};
 
 use crate::peer::{CodecError, Peer, PeerCodec};
 
@@ -114,6 +116,12 @@ pub struct Membership {
     timers_asked: u64,
     outgoing: Vec<(SocketAddr, Vec<u8>)>,
     changes: Vec<Change>,
+    /// How long a suspect may stay so before this broker declares it down itself
+    /// ([`Membership::expire_stale_suspicions`]).
+    stale_suspicion_ms: u64,
+    /// Members held suspect, by gossip address and generation: the incarnation they were
+    /// suspected at and since when.
+    suspected: BTreeMap<(SocketAddr, u64), (u16, u64)>,
 }
 
 impl std::fmt::Debug for Membership {
@@ -144,6 +152,8 @@ impl Membership {
             timers_asked: 0,
             outgoing: Vec::new(),
             changes: Vec::new(),
+            stale_suspicion_ms: config.suspect_to_down_ms.saturating_mul(2),
+            suspected: BTreeMap::new(),
         })
     }
 
@@ -183,11 +193,56 @@ impl Membership {
             let _ = self.foca.handle_timer(timer, &mut self.runtime);
             self.pump();
         }
+        self.expire_stale_suspicions();
+    }
+
+    /// Declares down every member held suspect at one incarnation for twice the suspicion
+    /// time. foca declares a suspect down on a timer, but discards every timer it set when this
+    /// broker itself is declared down or loses all its members (it trusts nothing it learned
+    /// before); a suspicion raised before that was then never resolved unless the suspect
+    /// heard of it and refuted it, and a peer stayed suspect for good (the chaos drill saw one
+    /// after a cut healed). Declaring it down is what the lost timer would have done: the peer
+    /// hears of it and rejoins under its next generation, as after any false suspicion.
+    fn expire_stale_suspicions(&mut self) {
+        let now_ms = self.now_ms;
+        let mut suspected = BTreeMap::new();
+        let mut stale = Vec::new();
+        for member in self.foca.iter_membership_state() {
+            if member.state() != State::Suspect {
+                continue;
+            }
+            let peer = member.id();
+            let key = (peer.gossip_addr, peer.generation);
+            let since_ms = match self.suspected.get(&key) {
+                Some(&(incarnation, since_ms)) if incarnation == member.incarnation() => since_ms,
+                _ => now_ms,
+            };
+            suspected.insert(key, (member.incarnation(), since_ms));
+            if now_ms.saturating_sub(since_ms) >= self.stale_suspicion_ms {
+                stale.push(peer.clone());
+            }
+        }
+        self.suspected = suspected;
+        if stale.is_empty() {
+            return;
+        }
+        for peer in &stale {
+            self.suspected.remove(&(peer.gossip_addr, peer.generation));
+        }
+        // Cannot fail: the members are known and encode (they were decoded).
+        let _ = self.foca.apply_many(stale.into_iter().map(Member::down), true, &mut self.runtime);
+        self.pump();
     }
 
     /// When [`Membership::advance_to`] next has something to do.
     pub fn next_deadline_ms(&self) -> Option<u64> {
-        self.timers.first_key_value().map(|((deadline_ms, _), _)| *deadline_ms)
+        let timer = self.timers.first_key_value().map(|((deadline_ms, _), _)| *deadline_ms);
+        let suspicion = self
+            .suspected
+            .values()
+            .map(|&(_, since_ms)| since_ms.saturating_add(self.stale_suspicion_ms))
+            .min();
+        timer.into_iter().chain(suspicion).min()
     }
 
     /// Datagrams to send, with where to.
