@@ -235,3 +235,53 @@ fn one_seed_replays_the_same_history() {
     assert_eq!(history(5), history(5));
     assert_ne!(history(5).1, history(6).1, "the seed matters");
 }
+
+/// Cuts both ways and one-way cuts (a broker hears nothing while the others still hear it),
+/// one after another as the chaos drill strikes them: once they end, everyone sees everyone
+/// alive. A broker declared down itself has foca discard its suspect-to-down timers; before
+/// membership expired suspicions that outlived them, a peer could stay suspect for good.
+#[test]
+fn every_cut_heals_even_when_a_suspicion_outlives_its_timer() {
+    let next =
+        |state: u64| state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    for seed in 0..24 {
+        let mut cluster = Cluster::start(3, seed);
+        cluster.run_until(JOIN_LIMIT_MS, converged).expect("converged");
+        let mut rng = next(seed + 1);
+        for _ in 0..6 {
+            rng = next(rng);
+            let node = (rng >> 33) as usize % 3;
+            if (rng >> 40) & 1 == 1 {
+                cluster
+                    .cut
+                    .extend((0..3).filter(|&other| other != node).map(|other| (other, node)));
+            } else {
+                cluster.cut_off(node);
+            }
+            cluster.run_until(2_000 + (rng >> 20) % 4_000, |_| false);
+            cluster.cut.clear();
+            cluster.run_until(200 + (rng >> 12) % 2_000, |_| false);
+        }
+        // As the broker's driver does: every 5 s, announce to the brokers not seen alive.
+        let mut healed = false;
+        for _ in 0..HEAL_LIMIT_MS / 5_000 {
+            for at in 0..3 {
+                let view = cluster.view(at);
+                let silent: Vec<SocketAddr> = (0..3)
+                    .filter(|&other| other != at)
+                    .filter(|&other| {
+                        view.get(&(other as u64 + 1)).is_none_or(|(_, s)| *s != PeerStatus::Alive)
+                    })
+                    .map(address)
+                    .collect();
+                cluster.nodes[at].as_mut().expect("alive").join(&silent);
+            }
+            if cluster.run_until(5_000, converged).is_some() {
+                healed = true;
+                break;
+            }
+        }
+        let views: Vec<_> = (0..3).map(|at| cluster.view(at)).collect();
+        assert!(healed, "seed {seed}: not healed: {views:?}");
+    }
+}
