@@ -77,7 +77,7 @@ impl Handler for PeerHandler {
                 (Caller::Stranger { binding }, Service::Cluster)
                     if request.kind == crate::enroll::CALL_ENROLL =>
                 {
-                    broker.enroll(binding, &request.payload).await
+                    crate::enroll::answer(&broker, binding, &request.payload).await
                 }
                 (Caller::Stranger { .. }, _) => Err(STRANGERS_ENROLL_ONLY.to_string()),
                 (Caller::Member(sender), Service::Raft) => {
@@ -201,37 +201,22 @@ impl Broker {
         let payload = &request.payload;
         let answer = match request.group_id {
             ADMIN_GROUP_ID => {
-                self.admits(&self.admin, sender)?;
+                admits(self, &self.admin, sender)?;
                 self.admin.handle_message(kind, payload, sender).await
             }
             ROOT_GROUP_ID => {
-                self.admits(&self.root, sender)?;
+                admits(self, &self.root, sender)?;
                 self.root.handle_message(kind, payload, sender).await
             }
             group_id => match self.ring.by_group_id(group_id) {
                 Some(vnode) => {
-                    self.admits(&vnode.group, sender)?;
+                    admits(self, &vnode.group, sender)?;
                     vnode.group.handle_message(kind, payload, sender).await
                 }
                 None => return Err(format!("group {group_id} is not on this broker")),
             },
         };
         answer.map_err(|error| error.to_string())
-    }
-
-    /// Whether `sender` may speak in `group`: a voter or learner of it, or a registered broker
-    /// (a group this broker has not caught up on may have added members it does not know yet;
-    /// one with no membership yet is this broker's own, joining).
-    fn admits<M: StateMachine>(&self, group: &RaftGroup<M>, sender: u64) -> Result<(), String> {
-        let voters = group.voters();
-        if voters.is_empty()
-            || voters.contains(&sender)
-            || group.learners().contains(&sender)
-            || self.admin.read(|admin| admin.0.broker(sender).is_some())
-        {
-            return Ok(());
-        }
-        Err(format!("node {sender} is neither a member of this group nor a registered broker"))
     }
 
     async fn handle_cluster_call(&self, sender: u64, request: Request) -> Result<Vec<u8>, String> {
@@ -453,6 +438,20 @@ pub struct GroupView {
     pub term: u64,
     pub voters: std::collections::BTreeSet<u64>,
     pub learners: std::collections::BTreeSet<u64>,
+}
+
+/// Whether `sender` may speak in `group`: a voter or learner of it, or a registered broker (a
+/// group this broker has not caught up on may have added members it does not know yet; one
+/// with no membership yet is this broker's own, joining).
+fn admits<M: StateMachine>(
+    broker: &Broker,
+    group: &RaftGroup<M>,
+    sender: u64,
+) -> Result<(), String> {
+    if group.may_hear_from(sender) || broker.admin.read(|admin| admin.0.broker(sender).is_some()) {
+        return Ok(());
+    }
+    Err(format!("node {sender} is neither a member of this group nor a registered broker"))
 }
 
 /// Asks the broker at `seed` (an inter-node address) for the cluster's welcome.

@@ -44,52 +44,49 @@ pub struct Enrolled {
     pub node: Credentials,
 }
 
-impl Broker {
-    /// Answers a stranger's enrollment, or says why not (a wrong token, a taken node id, a
-    /// broker whose operator brought the certificates and which so holds no CA key).
-    pub(crate) async fn enroll(
-        &self,
-        binding: [u8; 32],
-        payload: &[u8],
-    ) -> Result<Vec<u8>, String> {
-        let request: EnrollRequest = serde_json::from_slice(payload)
-            .map_err(|error| format!("malformed enrollment: {error}"))?;
-        let files = self.cluster_files.as_ref().ok_or(NOT_A_SEED)?;
-        let token = files.read_token().map_err(|error| error.to_string())?.ok_or(NOT_A_SEED)?;
-        if !pki::proof_matches(&token, pki::JOINER_ROLE, &binding, &request.proof) {
-            tracing::warn!(
-                node_id = request.node_id,
-                "an enrollment with a wrong cluster token was refused"
-            );
-            return Err(WRONG_TOKEN.to_string());
-        }
-        let taken = self.admin.read(|admin| {
-            admin
-                .0
-                .broker(request.node_id)
-                .filter(|known| known.cluster_address != request.cluster_address)
-                .map(|known| known.cluster_address.clone())
-        });
-        if let Some(address) = taken {
-            return Err(format!(
-                "node id {} is taken by the broker at {address}; start the new broker with \
-                 another --node-id (MALACHI_NODE_ID)",
-                request.node_id
-            ));
-        }
-        let cluster_id = self.cluster.as_ref().map(|(_, id)| id.clone()).unwrap_or_default();
-        let ca =
-            files.read_ca(&cluster_id).map_err(|error| error.to_string())?.ok_or(NOT_A_SEED)?;
-        let node = ca.issue(request.node_id).map_err(|error| error.to_string())?;
-        tracing::info!(node_id = request.node_id, "enrolled a broker: issued its certificate");
-        let enrolled = Enrolled {
-            seed_proof: pki::proof(&token, pki::SEED_ROLE, &binding),
-            cluster_id,
-            ca: ca.credentials,
-            node,
-        };
-        serde_json::to_vec(&enrolled).map_err(|error| error.to_string())
+/// Answers a stranger's enrollment with `broker`'s CA, or says why not (a wrong token, a taken
+/// node id, a broker whose operator brought the certificates and which so holds no CA key).
+pub(crate) async fn answer(
+    broker: &Broker,
+    binding: [u8; 32],
+    payload: &[u8],
+) -> Result<Vec<u8>, String> {
+    let request: EnrollRequest = serde_json::from_slice(payload)
+        .map_err(|error| format!("malformed enrollment: {error}"))?;
+    let files = broker.cluster_files.as_ref().ok_or(NOT_A_SEED)?;
+    let token = files.read_token().map_err(|error| error.to_string())?.ok_or(NOT_A_SEED)?;
+    if !pki::proof_matches(&token, pki::JOINER_ROLE, &binding, &request.proof) {
+        tracing::warn!(
+            node_id = request.node_id,
+            "an enrollment with a wrong cluster token was refused"
+        );
+        return Err(WRONG_TOKEN.to_string());
     }
+    let taken = broker.admin.read(|admin| {
+        admin
+            .0
+            .broker(request.node_id)
+            .filter(|known| known.cluster_address != request.cluster_address)
+            .map(|known| known.cluster_address.clone())
+    });
+    if let Some(address) = taken {
+        return Err(format!(
+            "node id {} is taken by the broker at {address}; start the new broker with \
+             another --node-id (MALACHI_NODE_ID)",
+            request.node_id
+        ));
+    }
+    let cluster_id = broker.cluster.as_ref().map(|(_, id)| id.clone()).unwrap_or_default();
+    let ca = files.read_ca(&cluster_id).map_err(|error| error.to_string())?.ok_or(NOT_A_SEED)?;
+    let node = ca.issue(request.node_id).map_err(|error| error.to_string())?;
+    tracing::info!(node_id = request.node_id, "enrolled a broker: issued its certificate");
+    let enrolled = Enrolled {
+        seed_proof: pki::proof(&token, pki::SEED_ROLE, &binding),
+        cluster_id,
+        ca: ca.credentials,
+        node,
+    };
+    serde_json::to_vec(&enrolled).map_err(|error| error.to_string())
 }
 
 const NOT_A_SEED: &str = "this broker cannot admit brokers (its operator brought the cluster \

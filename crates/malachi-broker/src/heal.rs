@@ -261,7 +261,7 @@ impl Broker {
         // The seal point and the sources are this broker's metadata's, never the caller's: a
         // caller's word alone must not make a copy of acknowledged records shorter, or rebuild
         // it from a broker that holds no copy.
-        let Some((seal, replicas)) = self.recorded_seal(key) else {
+        let Some((seal, replicas)) = recorded_seal(self, key) else {
             return Ok(remote::encode_failure(&LogError::NoSuchTopic));
         };
         if seal != asked {
@@ -275,18 +275,6 @@ impl Broker {
         Ok(match self.settle_here(key, seal, &sources).await {
             Ok(settled) => vec![remote::DONE, u8::from(settled)],
             Err(error) => remote::encode_failure(&error),
-        })
-    }
-
-    /// Where metadata seals segment `key`, and its replicas; `None` while it is active here.
-    fn recorded_seal(&self, key: SegmentKey) -> Option<(SealInfo, Vec<u64>)> {
-        self.read_meta(key.segment_id, |meta| {
-            let segment = meta.segment(key.segment_id)?;
-            if (segment.topic_id, segment.range_id) != (key.topic_id, key.range_id) {
-                return None;
-            }
-            let (end_offset, data_bytes) = segment.sealed_length()?;
-            Some((SealInfo { end_offset, data_bytes }, segment.replicas.clone()))
         })
     }
 
@@ -472,4 +460,17 @@ impl Broker {
             tracing::warn!(?key, %error, "recording a damaged copy failed");
         }
     }
+}
+
+/// Where `broker`'s metadata seals segment `key`, and its replicas; `None` while it is active
+/// there.
+fn recorded_seal(broker: &Broker, key: SegmentKey) -> Option<(SealInfo, Vec<u64>)> {
+    broker.read_meta(key.segment_id, |meta| {
+        let segment = meta.segment(key.segment_id)?;
+        if (segment.topic_id, segment.range_id) != (key.topic_id, key.range_id) {
+            return None;
+        }
+        let (end_offset, data_bytes) = segment.sealed_length()?;
+        Some((SealInfo { end_offset, data_bytes }, segment.replicas.clone()))
+    })
 }

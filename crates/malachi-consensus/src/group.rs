@@ -546,6 +546,19 @@ impl<M: StateMachine> RaftGroup<M> {
         metrics.membership_config.membership().voter_ids().collect()
     }
 
+    /// Whether `node_id` is a voter or learner of the group's latest membership this node
+    /// knows, or this node knows no voters yet (it is joining): the check of a Raft message's
+    /// sender, made for every message, so it allocates nothing.
+    pub fn may_hear_from(&self, node_id: u64) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let mut voters = membership.voter_ids().peekable();
+        voters.peek().is_none()
+            || membership.voter_ids().any(|voter| voter == node_id)
+            || membership.learner_ids().any(|learner| learner == node_id)
+    }
+
     /// The group's learners in its latest membership this node knows.
     pub fn learners(&self) -> BTreeSet<u64> {
         let metrics = self.raft.metrics();

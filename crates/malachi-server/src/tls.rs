@@ -11,14 +11,13 @@
 //! not load (a certificate written before its key, say) keeps the old configuration, logs why,
 //! and is tried again when the files change again.
 
-use std::fs::Metadata;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use malachi_broker::config::{TlsConfig, TlsVerify};
+use malachi_transport::tls::FileStamps;
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
@@ -63,18 +62,8 @@ pub struct TlsListener {
 
 struct Loaded {
     /// The files' stamps when last tried, successfully or not.
-    stamps: Vec<Option<FileStamp>>,
+    stamps: FileStamps,
     acceptor: TlsAcceptor,
-}
-
-/// What changes when a file is rewritten or replaced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct FileStamp {
-    device: u64,
-    inode: u64,
-    bytes: u64,
-    modified_ns: i128,
-    changed_ns: i128,
 }
 
 /// What the first byte of a new connection said.
@@ -144,8 +133,8 @@ impl TlsListener {
     }
 }
 
-fn stamps(config: &TlsConfig) -> Vec<Option<FileStamp>> {
-    files(config).map(|path| std::fs::metadata(path).ok().map(|meta| stamp(&meta))).collect()
+fn stamps(config: &TlsConfig) -> FileStamps {
+    FileStamps::of(files(config))
 }
 
 fn files(config: &TlsConfig) -> impl Iterator<Item = &Path> {
@@ -153,17 +142,6 @@ fn files(config: &TlsConfig) -> impl Iterator<Item = &Path> {
         .into_iter()
         .flatten()
         .map(PathBuf::as_path)
-}
-
-fn stamp(meta: &Metadata) -> FileStamp {
-    let nanos = |seconds: i64, nanos: i64| i128::from(seconds) * 1_000_000_000 + i128::from(nanos);
-    FileStamp {
-        device: meta.dev(),
-        inode: meta.ino(),
-        bytes: meta.len(),
-        modified_ns: nanos(meta.mtime(), meta.mtime_nsec()),
-        changed_ns: nanos(meta.ctime(), meta.ctime_nsec()),
-    }
 }
 
 fn build(config: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsError> {

@@ -287,11 +287,6 @@ impl Transport {
         self.inner.cluster_id.read().expect("cluster id lock").clone()
     }
 
-    /// Whether connections are TLS (with certificates, or a joiner's without).
-    pub fn secure(&self) -> bool {
-        !matches!(self.inner.security, Security::Insecure)
-    }
-
     /// Adopts the cluster id a joiner learned from its seed.
     pub fn set_cluster_id(&self, cluster_id: &str) {
         assert!(cluster_id.len() <= frame::CLUSTER_ID_BYTES_MAX, "cluster id too long");

@@ -248,6 +248,20 @@ impl Dialer for CuttableWire {
     }
 }
 
+/// Node 1 calling node 2 (answered by `handler`) over a [`CuttableWire`], node 2 at "peer".
+fn wired(handler: Arc<dyn Handler>) -> (CuttableWire, Transport) {
+    let server = insecure(2, CLUSTER);
+    server.set_handler(handler);
+    let wire = CuttableWire {
+        server,
+        cut: Arc::new(AtomicBool::new(false)),
+        dials: Arc::new(AtomicU64::new(0)),
+    };
+    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()), Security::Insecure);
+    client.set_address(2, "peer");
+    (wire, client)
+}
+
 /// Records every payload it is called with.
 #[derive(Default)]
 struct Recorder(Mutex<Vec<Vec<u8>>>);
@@ -261,16 +275,8 @@ impl Handler for Arc<Recorder> {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_given_up_on_a_silent_connection_is_never_delivered_later() {
-    let server = insecure(2, CLUSTER);
     let recorder = Arc::new(Recorder::default());
-    server.set_handler(Arc::new(Arc::clone(&recorder)));
-    let wire = CuttableWire {
-        server,
-        cut: Arc::new(AtomicBool::new(false)),
-        dials: Arc::new(AtomicU64::new(0)),
-    };
-    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()), Security::Insecure);
-    client.set_address(2, "peer");
+    let (wire, client) = wired(Arc::new(Arc::clone(&recorder)));
     assert_eq!(client.call(2, request(0, 0, b"before"), SECOND).await.unwrap(), b"before");
     wire.cut.store(true, Ordering::SeqCst);
     let short = Duration::from_millis(100);
@@ -287,15 +293,7 @@ async fn a_call_given_up_on_a_silent_connection_is_never_delivered_later() {
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_connection_or_a_slow_answer_keeps_its_connection() {
-    let server = insecure(2, CLUSTER);
-    server.set_handler(Arc::new(Echo));
-    let wire = CuttableWire {
-        server,
-        cut: Arc::new(AtomicBool::new(false)),
-        dials: Arc::new(AtomicU64::new(0)),
-    };
-    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire.clone()), Security::Insecure);
-    client.set_address(2, "peer");
+    let (wire, client) = wired(Arc::new(Echo));
     assert_eq!(client.call(2, request(0, 0, b"a"), SECOND).await.unwrap(), b"m1:0:a");
     // Idle far longer than the silence bound: nothing is owed, the connection stays.
     tokio::time::sleep(Duration::from_millis(SILENT_LINK_MS * 3)).await;
@@ -468,14 +466,7 @@ async fn peers_without_a_common_protocol_version_are_refused_with_a_reason() {
 
 #[tokio::test(start_paused = true)]
 async fn a_long_call_on_a_connection_of_its_own_is_not_cut_short() {
-    let server = insecure(2, CLUSTER);
-    server.set_handler(Arc::new(Echo));
-    let wire = CuttableWire {
-        server,
-        cut: Arc::new(AtomicBool::new(false)),
-        dials: Arc::new(AtomicU64::new(0)),
-    };
-    let client = Transport::with_dialer(1, CLUSTER, Arc::new(wire), Security::Insecure);
+    let (_wire, client) = wired(Arc::new(Echo));
     // A join waits for the groups to catch the joiner up: longer than a link may be silent.
     let timeout = Duration::from_millis(SILENT_LINK_MS * 4);
     let long = request(LONG_CALL_GROUP, 0, b"join");
@@ -512,4 +503,23 @@ async fn rotated_certificates_serve_the_next_connection_without_a_restart() {
     let other = new.transport(4);
     other.set_address(2, &address);
     assert_eq!(other.call(2, request(0, 0, b"c"), SECOND).await.unwrap(), b"m4:0:c");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_whose_body_does_not_arrive_in_time_ends_the_connection() {
+    let server = insecure(2, CLUSTER);
+    server.set_handler(Arc::new(Echo));
+    let (mut near, far) = tokio::io::duplex(1 << 16);
+    let serving = tokio::spawn(async move { server.serve_stream(Box::new(far)).await });
+    let hello = Hello { versions: frame::VERSIONS, node_id: 1, cluster_id: CLUSTER.into() };
+    near.write_all(&frame::encode_hello(&hello)).await.unwrap();
+    read_hello_answer(&mut near, "peer").await.unwrap();
+    // A declared 1 MiB frame, of which 10 bytes come, then nothing.
+    near.write_all(&(1u32 << 20).to_le_bytes()).await.unwrap();
+    near.write_all(&[0u8; 10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(FRAME_BODY_DEADLINE_MS - 1_000)).await;
+    assert!(!serving.is_finished(), "the connection ended before the body's deadline");
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let ended = serving.await.unwrap();
+    assert!(matches!(&ended, Err(reason) if reason.contains("deadline")), "{ended:?}");
 }

@@ -46,7 +46,7 @@ pub struct ClusterTls {
 }
 
 struct Loaded {
-    stamps: Vec<Option<FileStamp>>,
+    stamps: FileStamps,
     node_id: u64,
     connector: TlsConnector,
     acceptor: TlsAcceptor,
@@ -130,7 +130,7 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-fn build(files: &ClusterFiles, stamps: Vec<Option<FileStamp>>) -> Result<Loaded, TlsError> {
+fn build(files: &ClusterFiles, stamps: FileStamps) -> Result<Loaded, TlsError> {
     let chain = certificates(&files.node_cert)?;
     let node_id =
         node_id_of(&chain[0]).ok_or(TlsError::NoNode { path: files.node_cert.clone() })?;
@@ -278,7 +278,9 @@ impl ServerCertVerifier for AnyCertificate {
     }
 }
 
-/// What changes when a file is rewritten or replaced.
+/// What changes when a file is rewritten or replaced: device, inode, length, modification and
+/// change times. Both TLS ports reload their files when their stamps differ from the ones
+/// last tried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct FileStamp {
     device: u64,
@@ -288,11 +290,15 @@ struct FileStamp {
     changed_ns: i128,
 }
 
-fn stamps(files: &ClusterFiles) -> Vec<Option<FileStamp>> {
-    let nanos = |seconds: i64, nanos: i64| i128::from(seconds) * 1_000_000_000 + i128::from(nanos);
-    [&files.ca_cert, &files.node_cert, &files.node_key]
-        .into_iter()
-        .map(|path| {
+/// The stamps of a set of files, in order (`None` for one that cannot be read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileStamps(Vec<Option<FileStamp>>);
+
+impl FileStamps {
+    pub fn of<'a>(paths: impl IntoIterator<Item = &'a Path>) -> FileStamps {
+        let nanos =
+            |seconds: i64, nanos: i64| i128::from(seconds) * 1_000_000_000 + i128::from(nanos);
+        let stamp = |path: &Path| {
             let meta = std::fs::metadata(path).ok()?;
             Some(FileStamp {
                 device: meta.dev(),
@@ -301,8 +307,13 @@ fn stamps(files: &ClusterFiles) -> Vec<Option<FileStamp>> {
                 modified_ns: nanos(meta.mtime(), meta.mtime_nsec()),
                 changed_ns: nanos(meta.ctime(), meta.ctime_nsec()),
             })
-        })
-        .collect()
+        };
+        FileStamps(paths.into_iter().map(stamp).collect())
+    }
+}
+
+fn stamps(files: &ClusterFiles) -> FileStamps {
+    FileStamps::of([files.ca_cert.as_path(), &files.node_cert, &files.node_key])
 }
 
 fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
