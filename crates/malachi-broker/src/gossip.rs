@@ -18,7 +18,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 pub use malachi_cluster::PeerStatus;
-use malachi_cluster::{Change, Membership, MembershipConfig, Peer};
+use malachi_cluster::{Change, Membership, MembershipConfig, MembershipError, Peer, Roster};
 use malachi_transport::gossip_seal::GossipSeal;
 use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
@@ -27,6 +27,8 @@ use crate::node::Broker;
 
 /// Pause between announcements to registered brokers not heard alive.
 pub const REANNOUNCE_MS: u64 = 5_000;
+/// The least time between two log lines about refused datagrams.
+const REFUSED_LOG_MS: u64 = 10_000;
 /// The largest datagram read; membership refuses anything above its own 1,400-byte limit.
 const DATAGRAM_BYTES_MAX: usize = 2_048;
 /// The longest the driver sleeps without looking at the registry and the clock.
@@ -152,6 +154,8 @@ impl Broker {
             membership: Some(membership),
             resolved: BTreeMap::new(),
             announced_ms: BTreeMap::new(),
+            refused_logged_ms: None,
+            refused_unlogged: 0,
         };
         let task = tokio::spawn(driver.run(stopped));
         Ok(Gossip { stop: Some(stop), task })
@@ -187,6 +191,9 @@ struct Driver {
     resolved: BTreeMap<String, SocketAddr>,
     /// When each address was last announced to.
     announced_ms: BTreeMap<SocketAddr, u64>,
+    /// When a refused datagram was last logged, and how many were refused since.
+    refused_logged_ms: Option<u64>,
+    refused_unlogged: u64,
 }
 
 impl Driver {
@@ -238,9 +245,30 @@ impl Driver {
             },
         };
         let membership = self.membership.as_mut().expect("running");
-        if let Err(error) = membership.handle_datagram(plain) {
-            tracing::debug!(%error, "gossip datagram dropped");
+        match membership.handle_datagram(plain) {
+            Ok(()) => {}
+            Err(error @ MembershipError::Refused(_)) => self.refused(from, &error),
+            Err(error) => tracing::debug!(%error, "gossip datagram dropped"),
         }
+    }
+
+    /// Logs a refused datagram: the first of every [`REFUSED_LOG_MS`], with how many were
+    /// refused since, so a flood of forgeries does not flood the log. A broker registered a
+    /// moment ago may be refused once or twice until its registration reaches this broker.
+    fn refused(&mut self, from: SocketAddr, error: &MembershipError) {
+        self.refused_unlogged += 1;
+        let now_ms = self.broker.upgrade().map_or(0, |broker| broker.clock.now_ms());
+        if self.refused_logged_ms.is_some_and(|at| now_ms < at.saturating_add(REFUSED_LOG_MS)) {
+            return;
+        }
+        tracing::warn!(
+            %from,
+            %error,
+            refused = self.refused_unlogged,
+            "gossip about a broker that membership may not hold was refused"
+        );
+        self.refused_logged_ms = Some(now_ms);
+        self.refused_unlogged = 0;
     }
 
     /// Sends one datagram, sealed if gossip is. One lost here is one SWIM loses anyway; it
@@ -252,7 +280,8 @@ impl Driver {
         };
     }
 
-    /// Announces this broker to registered brokers not heard alive lately.
+    /// Tells membership the registered brokers (only they may be members, each at its
+    /// registered gossip address), and announces this broker to those not heard alive lately.
     async fn announce(&mut self, broker: &Broker) {
         let now_ms = broker.clock.now_ms();
         let membership = self.membership.as_ref().expect("running");
@@ -262,23 +291,28 @@ impl Driver {
             .filter(|(_, status)| *status == PeerStatus::Alive)
             .map(|(peer, _)| peer.broker_id)
             .collect();
+        let me = membership.me().clone();
+        let mut roster = BTreeMap::from([(me.broker_id, me.gossip_addr)]);
         let mut due = Vec::new();
         for record in broker.brokers() {
-            if record.node_id == broker.node_id
-                || alive.contains(&record.node_id)
-                || record.gossip_address.is_empty()
-            {
+            if record.node_id == broker.node_id || record.gossip_address.is_empty() {
                 continue;
             }
             let Some(address) = self.resolve(&record.gossip_address).await else { continue };
+            roster.insert(record.node_id, address);
+            if alive.contains(&record.node_id) {
+                continue;
+            }
             let last_ms = self.announced_ms.get(&address).copied();
             if last_ms.is_none_or(|last_ms| now_ms >= last_ms.saturating_add(REANNOUNCE_MS)) {
                 self.announced_ms.insert(address, now_ms);
                 due.push(address);
             }
         }
+        let membership = self.membership.as_mut().expect("running");
+        membership.set_roster(Roster::new(roster));
         if !due.is_empty() {
-            self.membership.as_mut().expect("running").join(&due);
+            membership.join(&due);
         }
     }
 

@@ -10,5 +10,7 @@ pub mod membership;
 pub mod peer;
 pub mod replication;
 
-pub use membership::{Change, Membership, MembershipConfig, MembershipError, PeerStatus};
+pub use membership::{
+    Change, Membership, MembershipConfig, MembershipError, PeerStatus, Refusal, Roster,
+};
 pub use peer::{CodecError, Peer, PeerCodec};

@@ -19,6 +19,10 @@ use foca::{
 
 use crate::peer::{CodecError, Peer, PeerCodec};
 
+mod roster;
+pub use roster::{GENERATION_AHEAD_MS_MAX, MEMBERS_MAX, Refusal, Roster};
+use roster::{Screen, Screened};
+
 /// A broker's status as the cluster sees it; the numbers are `cluster_state`'s (key 24).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PeerStatus {
@@ -104,6 +108,9 @@ pub enum MembershipError {
     /// A datagram that is not SWIM, is from ourselves, or is too large; dropped.
     #[error("datagram refused: {0}")]
     Datagram(String),
+    /// A datagram from, or naming, a broker membership may not hold; dropped.
+    #[error("datagram refused: {0}")]
+    Refused(#[from] Refusal),
 }
 
 /// The membership of one broker.
@@ -122,6 +129,8 @@ pub struct Membership {
     /// Members held suspect, by gossip address and generation: the incarnation they were
     /// suspected at and since when.
     suspected: BTreeMap<(SocketAddr, u64), (u16, u64)>,
+    /// The registered brokers; `None` until the caller tells them ([`Membership::set_roster`]).
+    roster: Option<Roster>,
 }
 
 impl std::fmt::Debug for Membership {
@@ -154,6 +163,7 @@ impl Membership {
             changes: Vec::new(),
             stale_suspicion_ms: config.suspect_to_down_ms.saturating_mul(2),
             suspected: BTreeMap::new(),
+            roster: None,
         })
     }
 
@@ -174,9 +184,26 @@ impl Membership {
         self.pump();
     }
 
-    /// Takes in a datagram received from the network.
+    /// Tells who may be in membership from now on: datagrams from, or naming, any other broker
+    /// are refused, and updates about one are dropped (module `roster`).
+    pub fn set_roster(&mut self, roster: Roster) {
+        self.roster = Some(roster);
+    }
+
+    /// Takes in a datagram received from the network, once screened against the roster.
     pub fn handle_datagram(&mut self, data: &[u8]) -> Result<(), MembershipError> {
-        let handled = self.foca.handle_data(data, &mut self.runtime);
+        let members = self.foca.iter_membership_state().map(|member| member.id().gossip_addr);
+        let members = members.collect();
+        let screen =
+            Screen { roster: self.roster.as_ref(), members: &members, now_ms: self.now_ms };
+        let screened = match screen.datagram(data) {
+            Ok(screened) => screened,
+            Err(Screened::Refused(refusal)) => return Err(refusal.into()),
+            Err(Screened::Malformed(error)) => {
+                return Err(MembershipError::Datagram(error.to_string()));
+            }
+        };
+        let handled = self.foca.handle_data(&screened, &mut self.runtime);
         self.pump();
         handled.map_err(|error| MembershipError::Datagram(error.to_string()))
     }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use common::{BrokerProcess, free_port, leader_of, vnodes_led};
 use malachi_client::{
     Client, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder, SegmentState,
 };
+use malachi_transport::gossip_seal::GossipSeal;
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 
@@ -518,6 +520,64 @@ async fn a_broker_without_the_token_cannot_join() {
     let status = admin.cluster_status().await.unwrap();
     assert_eq!(status.brokers.len(), 1, "{status:?}");
     assert!(first.process.log().contains("wrong cluster token"));
+}
+
+/// A SWIM announce as foca's codec lays it out (docs/cluster.md): `broker_id` at `from`, with
+/// `generation`, announcing itself to the broker at `to`. Addresses and attributes left empty.
+fn announce(from: SocketAddr, broker_id: u64, generation: u64, to: SocketAddr) -> Vec<u8> {
+    let peer = |at: SocketAddr, generation: u64, broker_id: u64| {
+        let SocketAddr::V4(at) = at else { panic!("IPv4 only") };
+        let mut bytes = vec![4];
+        bytes.extend_from_slice(&at.ip().octets());
+        bytes.extend_from_slice(&at.port().to_le_bytes());
+        bytes.extend_from_slice(&generation.to_le_bytes());
+        bytes.extend_from_slice(&broker_id.to_le_bytes());
+        // Cluster address, client address, attributes: all empty.
+        bytes.extend_from_slice(&[0, 0, 0]);
+        bytes
+    };
+    let mut datagram = peer(from, generation, broker_id);
+    datagram.extend_from_slice(&0u16.to_le_bytes());
+    datagram.extend(peer(to, 0, 0));
+    datagram.push(6);
+    datagram
+}
+
+/// Gossip sealed with the cluster's token, as any member holding it could send, cannot forge
+/// membership (issue 23): an announce of broker 2 with generation 2^63 once made broker 1 hold
+/// broker 2 dead for a day. Now broker 1 refuses it, and broker 2 is never held dead over the
+/// time SWIM would take to declare the superseded identity dead (4.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_gossip_announce_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = start_cluster(dir.path(), 2).await;
+    let gossip_address = |member: &Member| {
+        let env = &member.process.env;
+        let (_, port) = env.iter().find(|(name, _)| name == "MALACHI_CLUSTER_GOSSIP_PORT").unwrap();
+        SocketAddr::from(([127, 0, 0, 1], port.parse::<u16>().unwrap()))
+    };
+    let victim = gossip_address(&members[0]);
+    let forged = announce(gossip_address(&members[1]), 2, 1 << 63, victim);
+    let seal = GossipSeal::from_tokens(&[common::CLUSTER_TOKEN]);
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    // The refusal names the generation (a broker that registered a moment ago may have been
+    // refused too, for another reason).
+    let refused = format!("generation {} is more than", 1u64 << 63);
+    eventually_within("broker 1 refuses the forged announce", 30, || {
+        socket.send_to(&seal.seal_random(&forged), victim).unwrap();
+        let log = members[0].process.log();
+        let found = log.contains(&refused);
+        async move { found.then_some(()).ok_or_else(|| "not refused yet".to_string()) }
+    })
+    .await;
+    let admin = members[0].admin().await;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(8) {
+        let view = admin.cluster_status().await.unwrap();
+        let broker = view.brokers.iter().find(|broker| broker.node_id == 2);
+        assert!(broker.is_some_and(|broker| broker.status != 2), "broker 2 held dead: {view:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Producers through every broker while the vnode leader is killed and restarted: every

@@ -285,3 +285,38 @@ fn every_cut_heals_even_when_a_suspicion_outlives_its_timer() {
         assert!(healed, "seed {seed}: not healed: {views:?}");
     }
 }
+
+/// Forged datagrams, as a key holder or anyone (gossip unsealed) could send them, change
+/// nothing once every broker knows the roster: a live broker superseded by a made-up
+/// generation (this used to hold it dead for a day), a stranger, a broker at another address.
+#[test]
+fn forged_identities_do_not_enter_membership() {
+    let roster = Roster::new((0..3).map(|node| (node as u64 + 1, address(node))).collect());
+    let stranger = Peer { broker_id: 99, ..peer(2, 1) };
+    let forgeries = [
+        ("a generation of 2^63", peer(1, 1 << 63)),
+        ("an unregistered broker", Peer { gossip_addr: address(7), ..stranger.clone() }),
+        ("a registered broker at another's address", Peer { broker_id: 2, ..peer(2, 50) }),
+    ];
+    for (what, forged) in forgeries {
+        let mut cluster = Cluster::start(3, 7);
+        for node in cluster.nodes.iter_mut().flatten() {
+            node.set_roster(roster.clone());
+        }
+        cluster.run_until(JOIN_LIMIT_MS, converged).expect("converged");
+        let before: Vec<_> = (0..3).map(|at| cluster.view(at)).collect();
+        let mut datagram = Vec::new();
+        let header = foca::Header {
+            src: forged.clone(),
+            src_incarnation: 0,
+            dst: peer(0, 1),
+            message: foca::Message::Announce,
+        };
+        foca::Codec::encode_header(&mut PeerCodec, &header, &mut datagram).expect("small");
+        let refused = cluster.nodes[0].as_mut().expect("alive").handle_datagram(&datagram);
+        assert!(matches!(refused, Err(MembershipError::Refused(_))), "{what}: {refused:?}");
+        cluster.run_until(DETECT_LIMIT_MS, |_| false);
+        let after: Vec<_> = (0..3).map(|at| cluster.view(at)).collect();
+        assert_eq!(after, before, "{what}: membership changed");
+    }
+}
