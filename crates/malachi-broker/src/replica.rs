@@ -503,9 +503,11 @@ impl Broker {
         self.execute(&head, actions);
     }
 
-    /// Records `[start, end)` of this broker's copy (durable ones; fewer if it holds fewer).
-    /// A copy that cannot be read fails the span (retried after a pause), rather than shipping
-    /// nothing and having the follower refuse the spans after it.
+    /// Records `[start, end)` of this broker's copy, as many as [`CATCH_UP_BYTES_MAX`] holds
+    /// (at least one): the follower answers a span cut short with its new end, and the machine
+    /// ships on from there. A copy that cannot be read, or holds nothing at `start`, fails the
+    /// span (retried after a pause), rather than shipping nothing and having the follower
+    /// answer an end that moves nothing.
     async fn records_from_file(
         &self,
         key: SegmentKey,
@@ -515,6 +517,16 @@ impl Broker {
         let segment = self.segment(key).await?;
         let wanted = u32::try_from(end - start).unwrap_or(u32::MAX);
         match self.data.read(segment, start, wanted, CATCH_UP_BYTES_MAX).await {
+            Ok(batch) if batch.records.is_empty() => {
+                tracing::warn!(
+                    ?key,
+                    start,
+                    end,
+                    "this copy holds no records to ship at the start of a span"
+                );
+                let detail = format!("no records at {start} to ship");
+                Err(LogError::Storage { reason: "storage_failed", detail })
+            }
             Ok(batch) => Ok(batch.records.into_iter().map(|stored| stored.record).collect()),
             Err(error) => {
                 tracing::warn!(?key, start, %error, "reading records to ship failed");

@@ -11,8 +11,9 @@
 //! `window_bytes` in flight, and is sent the next span as soon as one is answered. A follower
 //! that answers with an end other than the one shipped to it (it lost unsynced records in a
 //! crash, or missed a span) is shipped again from its end; spans the primary no longer holds in
-//! memory are shipped from its file (`Ship` says only which offsets). A follower out of reach is
-//! shipped nothing until it answers again.
+//! memory are shipped from its file (`Ship` says only which offsets). A span answered short of its
+//! end (the driver read fewer records from the file than the span covers) is shipped on from the
+//! follower's new end. A follower out of reach is shipped nothing until it answers again.
 //!
 //! Each reset of a follower's window (a refusal, the follower out of reach) starts a new
 //! *window epoch*, and every `Ship` carries the epoch it was sent in. A refusal or a failure
@@ -102,6 +103,7 @@ struct Staged {
 /// A span shipped to a follower and not answered yet.
 #[derive(Clone, Copy, Debug)]
 struct Span {
+    start: u64,
     end: u64,
     bytes: u64,
     /// Shipped from the file (the records are no longer held in memory).
@@ -240,6 +242,19 @@ impl Primary {
             let span = state.in_flight.pop_front().expect("front exists");
             state.in_flight_bytes -= span.bytes;
         }
+        // The oldest span answered short of its end: it carried fewer records than it covers
+        // (a span read from the file is cut at the driver's byte cap). It is done with, and
+        // with nothing behind it the follower is shipped on from its end; spans behind it
+        // start past that end and are refused, which ships it again from there. Before this,
+        // the span stayed in flight for good and, as nothing follows a span from the file, the
+        // follower was shipped nothing more: the segment ran on one copy fewer.
+        if state.in_flight.front().is_some_and(|span| span.start < end && end < span.end) {
+            let span = state.in_flight.pop_front().expect("front exists");
+            state.in_flight_bytes -= span.bytes;
+            if state.in_flight.is_empty() {
+                state.next = end;
+            }
+        }
         state.durable = state.durable.max(end);
         state.next = state.next.max(end);
         self.ship(follower);
@@ -358,7 +373,7 @@ impl Primary {
             }
             let epoch = state.epoch;
             self.actions.push(Action::Ship { follower, start: state.next, end, epoch });
-            state.in_flight.push_back(Span { end, bytes, from_file });
+            state.in_flight.push_back(Span { start: state.next, end, bytes, from_file });
             state.in_flight_bytes += bytes;
             state.next = end;
         }
@@ -399,6 +414,15 @@ impl Primary {
             assert!(state.in_flight.len() <= self.config.window_batches, "window of {node}");
             assert!(state.next <= self.staged_end, "{node} shipped past the staged end");
             assert!(state.durable <= state.next, "{node} durable past what was shipped");
+            // Spans in flight follow each other and start at or past what the follower holds
+            // durable, so an answer inside the first one is a short answer, never a stale one.
+            let mut expected_start =
+                state.in_flight.front().map_or(state.durable, |span| span.start);
+            assert!(expected_start >= state.durable, "{node} shipped below its durable end");
+            for span in &state.in_flight {
+                assert_eq!(span.start, expected_start, "{node}'s spans in flight have a gap");
+                expected_start = span.end;
+            }
         }
     }
 }

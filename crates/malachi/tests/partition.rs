@@ -243,3 +243,83 @@ async fn a_primary_cut_off_from_its_followers_is_sealed_around_and_settled_after
         primary + 1
     );
 }
+
+/// A follower cut off while more than one catch-up read (4 MiB) of 2 KiB records goes to its
+/// head comes back and catches up on that same head: every copy reaches the primary's durable
+/// end. Before issue 25's fix the first span shipped from the file came back short (the read
+/// stops at 4 MiB, about 2,000 of its 4,096 records), the primary shipped that follower nothing
+/// more, and the head ran on two copies of three until it rolled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_under_large_records_catches_up_after_healing() {
+    const BATCHES: usize = 40;
+    const BATCH_RECORDS: usize = 100;
+    let network = Network::create(HOSTS);
+    let dir = tempfile::tempdir().unwrap();
+    let brokers = network.start_brokers(dir.path());
+    let mut clients = Vec::new();
+    for process in &brokers.processes {
+        clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
+    }
+    common::cluster_ready(&clients, &[1, 2, 3]).await;
+    eventually("the topic is created", 15, || async {
+        match clients[0].create_topic("behind").await {
+            Ok(()) => Ok(()),
+            Err(error) if error.reason() == Some(malachi_client::Reason::AlreadyExists) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        }
+    })
+    .await;
+    clients[0].produce("behind", vec![RecordBuilder::new("warm").build()]).await.unwrap();
+    let described = clients[0].describe_segments("behind").await.unwrap();
+    let head = described.segments.last().unwrap().clone();
+    let primary = head.copies[0].node_id as usize - 1;
+    let follower = head.copies[1].node_id as usize - 1;
+
+    network.isolate(follower);
+    // Once the primary holds the follower dead, its calls to it fail at once and the primary
+    // keeps in memory only what the follower in reach lacks: the cut-off one is caught up from
+    // the file, in spans.
+    let follower_id = follower as u64 + 1;
+    let dead = [follower_id];
+    eventually("the primary holds the follower dead", 30, || reports(&clients[primary], &dead, 2))
+        .await;
+    let value = vec![b'x'; 2_048];
+    let through = &clients[primary];
+    for batch in 0..BATCHES {
+        let records: Vec<_> = (0..BATCH_RECORDS)
+            .map(|record| {
+                RecordBuilder::new(value.clone()).key(format!("{batch}-{record}")).build()
+            })
+            .collect();
+        eventually("a batch is acknowledged by the primary and the other follower", 30, || {
+            let records = records.clone();
+            async move {
+                through.produce("behind", records).await.map(|_| ()).map_err(|e| e.to_string())
+            }
+        })
+        .await;
+    }
+    network.heal(follower);
+
+    let produced = 1 + (BATCHES * BATCH_RECORDS) as u64;
+    let caught_up = eventually("the follower's copy of the head catches up", 90, || async {
+        let described =
+            clients[primary].describe_segments("behind").await.map_err(|e| e.to_string())?;
+        let now = described.segments.iter().find(|segment| segment.segment_id == head.segment_id);
+        let Some(now) = now else { return Err("the head is gone".into()) };
+        // The same head, never sealed around the follower: the catch-up is replication's.
+        assert_eq!(now.state, malachi_client::SegmentState::Active, "the head was sealed: {now:?}");
+        // A retried produce may have been stored twice: the end is at least what was sent.
+        let end = now.copies.iter().map(|copy| copy.durable_offset).max().unwrap_or(0);
+        let end = end.max(produced);
+        let behind: Vec<_> =
+            now.copies.iter().filter(|copy| !copy.answered || copy.durable_offset < end).collect();
+        if behind.is_empty() { Ok(()) } else { Err(format!("copies behind: {behind:?}")) }
+    })
+    .await;
+    eprintln!(
+        "broker {} cut off while {produced} records of 2 KiB went to its head; every copy \
+         held them {caught_up:?} after the heal",
+        follower + 1
+    );
+}

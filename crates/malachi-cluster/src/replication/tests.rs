@@ -1,5 +1,6 @@
 //! The primary's replication machine: tables for its steps, and a property test that drives it
-//! with followers that append, sync, crash, fall out of reach and answer out of order.
+//! with followers that append, sync, crash, fall out of reach, answer out of order and take
+//! spans short.
 
 use proptest::prelude::*;
 
@@ -153,6 +154,55 @@ fn a_follower_out_of_reach_is_shipped_from_the_file_once_back() {
     assert_eq!(ships(&primary.take_actions()), [(3, 8, 12)]);
 }
 
+/// A span from the file answered short (the driver's read stopped at its byte cap): the
+/// follower is shipped on from its new end until it holds everything. Before, the short span
+/// stayed in flight for good, nothing follows a span from the file, and the follower was never
+/// shipped anything again (issue 25: 2,048 of a 4,096-record span, then nothing).
+#[test]
+fn a_span_answered_short_is_shipped_on_from_the_followers_end() {
+    let mut primary = Primary::new(&[2, 3], 0, config());
+    primary.follower_unreachable(3, 0);
+    for batch in 0..3 {
+        primary.staged(batch * 5, batch * 5 + 5, 10, 0);
+        primary.local_durable(batch * 5 + 5);
+        primary.follower_durable(2, batch * 5 + 5);
+    }
+    primary.take_actions();
+    primary.retry_follower(3);
+    assert_eq!(ships(&primary.take_actions()), [(3, 0, 4)], "from the file");
+    // (answer, the span shipped next: start, end)
+    let cases: [(u64, Option<(u64, u64)>); 7] = [
+        (1, Some((1, 5))),
+        (3, Some((3, 7))),
+        (7, Some((7, 11))),
+        // A stale answer, below the span: nothing.
+        (2, None),
+        (11, Some((11, 15))),
+        (14, Some((14, 15))),
+        (15, None),
+    ];
+    for (answer, expected) in cases {
+        primary.follower_durable(3, answer);
+        let expected: Vec<_> = expected.map(|(start, end)| (3, start, end)).into_iter().collect();
+        assert_eq!(ships(&primary.take_actions()), expected, "answer {answer}");
+    }
+    assert_eq!(primary.follower_lag().collect::<Vec<_>>(), [(2, 0), (3, 0)]);
+}
+
+/// Pipelined spans from memory, the first answered short: the span behind it is refused (it
+/// starts past the follower's end), which ships the follower again from there.
+#[test]
+fn a_short_answer_with_spans_behind_it_reships_after_their_refusal() {
+    let mut primary = Primary::new(&[2], 0, config());
+    primary.staged(0, 10, 10, 0);
+    primary.staged(10, 20, 10, 0);
+    assert_eq!(ships(&primary.take_actions()), [(2, 0, 10), (2, 10, 20)]);
+    primary.follower_durable(2, 6);
+    assert!(ships(&primary.take_actions()).is_empty(), "the span behind is still out");
+    primary.follower_refused(2, 6, 0);
+    assert_eq!(ships(&primary.take_actions()), [(2, 6, 10), (2, 10, 20)]);
+}
+
 #[test]
 fn without_a_quorum_a_batch_fails_in_bounded_time_and_so_does_every_later_one() {
     let mut primary = Primary::new(&[2, 3], 0, config());
@@ -179,10 +229,13 @@ enum Step {
         records: u64,
     },
     LocalSync,
-    /// The follower takes the oldest span shipped to it, and syncs it (or not yet).
+    /// The follower takes the oldest span shipped to it, and syncs it (or not yet). `short`:
+    /// the span carried only its first half, as a span read from the file and cut at the
+    /// driver's byte cap does.
     Deliver {
         follower: usize,
         sync: bool,
+        short: bool,
     },
     /// The follower syncs what it appended and answers.
     Sync {
@@ -206,7 +259,8 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         (1..5u64).prop_map(|records| Step::Stage { records }),
         Just(Step::LocalSync),
-        (0..2usize, any::<bool>()).prop_map(|(follower, sync)| Step::Deliver { follower, sync }),
+        (0..2usize, any::<bool>(), any::<bool>())
+            .prop_map(|(follower, sync, short)| Step::Deliver { follower, sync, short }),
         (0..2usize).prop_map(|follower| Step::Sync { follower }),
         (0..2usize).prop_map(|follower| Step::Reorder { follower }),
         (0..2usize).prop_map(|follower| Step::Crash { follower }),
@@ -232,10 +286,10 @@ fn deliver(
     follower: u64,
     copy: &mut Copy,
     (start, end, epoch): (u64, u64, u64),
-    sync: bool,
+    (sync, short): (bool, bool),
 ) {
     if start == copy.appended {
-        copy.appended = end;
+        copy.appended = if short { start + (end - start).div_ceil(2) } else { end };
         if sync {
             copy.synced = copy.appended;
             primary.follower_durable(follower, copy.synced);
@@ -270,9 +324,10 @@ proptest! {
                     local_synced = staged;
                     primary.local_durable(staged);
                 }
-                Step::Deliver { follower, sync } => {
+                Step::Deliver { follower, sync, short } => {
                     if let Some(span) = copies[follower].inbox.pop_front() {
-                        deliver(&mut primary, followers[follower], &mut copies[follower], span, sync);
+                        let copy = &mut copies[follower];
+                        deliver(&mut primary, followers[follower], copy, span, (sync, short));
                     }
                 }
                 Step::Sync { follower } => {
@@ -342,13 +397,17 @@ proptest! {
                     }
                 }
                 if let Some(span) = copies[at].inbox.pop_front() {
-                    deliver(&mut primary, follower, &mut copies[at], span, true);
+                    deliver(&mut primary, follower, &mut copies[at], span, (true, false));
                 }
             }
         }
         primary.take_actions();
         if !refused && primary.writable() {
             prop_assert_eq!(primary.acked_end(), staged);
+            // And every follower in reach holds every record, not only a quorum of them.
+            for copy in &copies {
+                prop_assert_eq!(copy.synced, staged, "a follower was left behind");
+            }
         }
     }
 }
