@@ -126,8 +126,15 @@ pub fn peer_node_id(certificates: Option<&[CertificateDer<'static>]>) -> Option<
     node_id_of(certificates?.first()?)
 }
 
+/// aws-lc-rs with TLS 1.3's AES-128-GCM first: brokers encrypt every replicated byte once
+/// per follower, and AES-128 costs about a third less CPU than AES-256 for a margin no attack
+/// on a cluster's links comes near. Both ends are ours, so the first suite is the one used.
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    let preferred = rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    provider.cipher_suites.retain(|suite| suite.suite() != preferred.suite());
+    provider.cipher_suites.insert(0, preferred);
+    Arc::new(provider)
 }
 
 fn build(files: &ClusterFiles, stamps: FileStamps) -> Result<Loaded, TlsError> {
