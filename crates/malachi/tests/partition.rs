@@ -18,11 +18,37 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::load::{Load, assert_read_back};
-use common::network::{Network, eventually, reports};
+use common::network::{Brokers, Network, eventually, reports};
 use malachi_client::{Client, RecordBuilder};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 const HOSTS: usize = 3;
+
+/// Brokers on every host of `network`, an admin client of each, once every group has a
+/// leader and every broker sees the others.
+async fn start_ready(network: &Network, dir: &std::path::Path) -> (Brokers, Vec<Client>) {
+    let brokers = network.start_brokers(dir);
+    let mut clients = Vec::new();
+    for process in &brokers.processes {
+        clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
+    }
+    common::cluster_ready(&clients, &[1, 2, 3]).await;
+    (brokers, clients)
+}
+
+/// Creates `topic` with `ranges` ranges through `client`. Ready, a cluster may still hand a
+/// vnode's leadership to its preferred leader: retried for 30 s as a client retries a retryable
+/// reason, an earlier attempt that did create it counting.
+async fn create_topic(client: &Client, topic: &str, ranges: u32) {
+    eventually(&format!("{topic} is created"), 30, || async {
+        match client.create_topic_with_ranges(topic, ranges).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.reason() == Some(malachi_client::Reason::AlreadyExists) => Ok(()),
+            Err(error) => Err(format!("{error:?}")),
+        }
+    })
+    .await;
+}
 
 /// The broker leading the vnode that holds `topic`.
 async fn vnode_leader(client: &Client, topic: &str) -> Result<u64, String> {
@@ -37,26 +63,11 @@ async fn vnode_leader(client: &Client, topic: &str) -> Result<u64, String> {
 async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
     let network = Network::create(HOSTS);
     let dir = tempfile::tempdir().unwrap();
-    let brokers = network.start_brokers(dir.path());
-    let mut clients = Vec::new();
-    for process in &brokers.processes {
-        clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
-    }
-    common::cluster_ready(&clients, &[1, 2, 3]).await;
+    let (brokers, clients) = start_ready(&network, dir.path()).await;
     // A topic created through each broker, with records in it (placement spreads them).
     for (host, client) in clients.iter().enumerate() {
         let topic = format!("held{}", host + 1);
-        // Ready, yet a vnode's leadership may still be handed over (its preferred leader):
-        // retried as a client retries a retryable reason, an earlier attempt that did create
-        // it counting.
-        eventually(&format!("{topic} is created"), 30, || async {
-            match client.create_topic_with_ranges(&topic, 2).await {
-                Ok(_) => Ok(()),
-                Err(error) if format!("{error:?}").contains("already_exists") => Ok(()),
-                Err(error) => Err(format!("{error:?}")),
-            }
-        })
-        .await;
+        create_topic(client, &topic, 2).await;
         let batch = (0..20)
             .map(|i| {
                 RecordBuilder::new(format!("{topic}/seed={i}")).key(format!("{topic}/seed")).build()
@@ -167,20 +178,8 @@ async fn a_partitioned_broker_refuses_and_everything_converges_after_healing() {
 async fn a_primary_cut_off_from_its_followers_is_sealed_around_and_settled_after_healing() {
     let network = Network::create(HOSTS);
     let dir = tempfile::tempdir().unwrap();
-    let brokers = network.start_brokers(dir.path());
-    let mut clients = Vec::new();
-    for process in &brokers.processes {
-        clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
-    }
-    common::cluster_ready(&clients, &[1, 2, 3]).await;
-    eventually("the topic is created", 15, || async {
-        match clients[0].create_topic("cut").await {
-            Ok(()) => Ok(()),
-            Err(error) if error.reason() == Some(malachi_client::Reason::AlreadyExists) => Ok(()),
-            Err(error) => Err(error.to_string()),
-        }
-    })
-    .await;
+    let (brokers, clients) = start_ready(&network, dir.path()).await;
+    create_topic(&clients[0], "cut", 1).await;
     clients[0].produce("cut", vec![RecordBuilder::new("warm=0").build()]).await.unwrap();
     let described = clients[0].describe_segments("cut").await.unwrap();
     let primary = described.segments[0].copies[0].node_id as usize - 1;
@@ -255,20 +254,8 @@ async fn a_follower_cut_off_under_large_records_catches_up_after_healing() {
     const BATCH_RECORDS: usize = 100;
     let network = Network::create(HOSTS);
     let dir = tempfile::tempdir().unwrap();
-    let brokers = network.start_brokers(dir.path());
-    let mut clients = Vec::new();
-    for process in &brokers.processes {
-        clients.push(process.connect_as("admin", ADMIN_PASSWORD).await);
-    }
-    common::cluster_ready(&clients, &[1, 2, 3]).await;
-    eventually("the topic is created", 15, || async {
-        match clients[0].create_topic("behind").await {
-            Ok(()) => Ok(()),
-            Err(error) if error.reason() == Some(malachi_client::Reason::AlreadyExists) => Ok(()),
-            Err(error) => Err(error.to_string()),
-        }
-    })
-    .await;
+    let (_brokers, clients) = start_ready(&network, dir.path()).await;
+    create_topic(&clients[0], "behind", 1).await;
     clients[0].produce("behind", vec![RecordBuilder::new("warm").build()]).await.unwrap();
     let described = clients[0].describe_segments("behind").await.unwrap();
     let head = described.segments.last().unwrap().clone();
