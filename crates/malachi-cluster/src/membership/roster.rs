@@ -111,8 +111,10 @@ impl Screen<'_> {
             return Ok(Cow::Borrowed(datagram));
         }
         let header_bytes = &datagram[..datagram.len() - rest.len()];
+        // The count is the sender's word: nothing is reserved for it, and a count the bytes
+        // do not hold ends in a truncated member.
         let count = rest.get_u16();
-        let mut kept = Vec::with_capacity(usize::from(count));
+        let mut kept = Vec::new();
         let mut refused = 0usize;
         for _ in 0..count {
             let member = PeerCodec.decode_member(&mut rest).map_err(Screened::Malformed)?;
@@ -169,6 +171,12 @@ mod tests {
             }
         }
         datagram
+    }
+
+    fn encode_member_bytes(member: &Member<Peer>) -> usize {
+        let mut bytes = Vec::new();
+        PeerCodec.encode_member(member, &mut bytes).expect("small");
+        bytes.len()
     }
 
     fn decode_updates(datagram: &[u8]) -> Vec<u64> {
@@ -250,9 +258,14 @@ mod tests {
         // Nothing refused: handed on as it came.
         let clean = encode(peer(2, 2, 8), Message::Gossip, &updates[..1]);
         assert!(matches!(screen.datagram(&clean), Ok(Cow::Borrowed(_))));
-        // Malformed is told apart from refused.
+        // Malformed is told apart from refused; a count of members the bytes do not hold is
+        // malformed, whatever it claims.
         let truncated = &datagram[..datagram.len() - 1];
         assert!(matches!(screen.datagram(truncated), Err(Screened::Malformed(_))));
+        let mut inflated = encode(peer(2, 2, 8), Message::Gossip, &updates[..1]);
+        let header_bytes = inflated.len() - encode_member_bytes(&updates[0]) - 2;
+        inflated[header_bytes..header_bytes + 2].copy_from_slice(&u16::MAX.to_be_bytes());
+        assert!(matches!(screen.datagram(&inflated), Err(Screened::Malformed(_))));
     }
 
     #[test]
