@@ -10,21 +10,16 @@
 //! wants (5 for the administrative group, 3 for the vnode), as a learner beyond, so that every
 //! broker holds the metadata to read locally.
 
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use malachi_consensus::{ConsensusError, MessageKind, RaftGroup, StateMachine};
 use malachi_meta::{AdminCommand, BrokerRecord};
-use malachi_transport::{Caller, Handler, HandlerFuture, Request, Service, Transport};
+use malachi_transport::Transport;
 use serde::{Deserialize, Serialize};
 
 use crate::node::{ADMIN_GROUP_ID, Broker};
+use crate::peer::{AddMember, PeerCall};
 use crate::vnodes::ROOT_GROUP_ID;
-
-/// Cluster calls (`Service::Cluster`), by `kind`. The codes are wire values; never reuse one.
-pub const CALL_WELCOME: u8 = 1;
-pub const CALL_JOIN: u8 = 2;
-pub const CALL_ADD_MEMBER: u8 = 3;
 
 /// Voters the administrative group keeps when it has the brokers: it survives two failures.
 pub const ADMIN_VOTERS_MAX: usize = 5;
@@ -50,48 +45,6 @@ pub struct Welcome {
     /// Absent from the welcome of a broker from before the ring: one vnode.
     #[serde(default)]
     pub vnodes: Option<u32>,
-}
-
-/// A request to add a broker to one group, sent to that group's leader.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct AddMember {
-    group_id: u64,
-    node_id: u64,
-    cluster_address: String,
-}
-
-/// Answers the calls peers make to this broker: a member's calls as that member's (the node
-/// its certificate names), a stranger's enrollment and nothing else.
-pub struct PeerHandler(pub Weak<Broker>);
-
-/// What a stranger is told when it calls anything but the enrollment.
-pub const STRANGERS_ENROLL_ONLY: &str =
-    "a broker without the cluster's certificate may only enroll, with the cluster token";
-
-impl Handler for PeerHandler {
-    fn handle(&self, caller: Caller, request: Request) -> HandlerFuture {
-        let broker = self.0.upgrade();
-        Box::pin(async move {
-            let broker = broker.ok_or_else(|| "this broker is shutting down".to_string())?;
-            match (caller, request.service) {
-                (Caller::Stranger { binding }, Service::Cluster)
-                    if request.kind == crate::enroll::CALL_ENROLL =>
-                {
-                    crate::enroll::answer(&broker, binding, &request.payload).await
-                }
-                (Caller::Stranger { .. }, _) => Err(STRANGERS_ENROLL_ONLY.to_string()),
-                (Caller::Member(sender), Service::Raft) => {
-                    broker.handle_raft(sender, request).await
-                }
-                (Caller::Member(sender), Service::Cluster) => {
-                    broker.handle_cluster_call(sender, request).await
-                }
-                (Caller::Member(sender), Service::Data) => {
-                    broker.handle_data_call(sender, request).await
-                }
-            }
-        })
-    }
 }
 
 impl Broker {
@@ -148,9 +101,7 @@ impl Broker {
     /// until both groups have caught it up. Retries every seed until `JOIN_WAIT_MS` ran out.
     pub async fn join(&self, seeds: &[String]) -> Result<(), String> {
         let transport = self.transport().ok_or("this broker has no cluster transport")?;
-        let record = serde_json::to_vec(&self.own_record()).map_err(|error| error.to_string())?;
-        let request =
-            Request { service: Service::Cluster, group_id: 0, kind: CALL_JOIN, payload: record };
+        let request = PeerCall::Join(self.own_record()).encode();
         let timeout = Duration::from_millis(CALL_TIMEOUT_MS);
         let mut last_error = String::from("no seed configured");
         for _ in 0..JOIN_WAIT_MS / JOIN_RETRY_MS {
@@ -195,11 +146,14 @@ impl Broker {
 
     /// A Raft message from `sender`: of a member of the group (or a registered broker, whose
     /// membership this broker may not have applied yet), speaking for itself alone.
-    async fn handle_raft(&self, sender: u64, request: Request) -> Result<Vec<u8>, String> {
-        let kind = MessageKind::from_code(request.kind)
-            .ok_or_else(|| format!("unknown Raft message kind {}", request.kind))?;
-        let payload = &request.payload;
-        let answer = match request.group_id {
+    pub(crate) async fn answer_raft(
+        &self,
+        sender: u64,
+        group_id: u64,
+        kind: MessageKind,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, String> {
+        let answer = match group_id {
             ADMIN_GROUP_ID => {
                 admits(self, &self.admin, sender)?;
                 self.admin.handle_message(kind, payload, sender).await
@@ -219,36 +173,23 @@ impl Broker {
         answer.map_err(|error| error.to_string())
     }
 
-    async fn handle_cluster_call(&self, sender: u64, request: Request) -> Result<Vec<u8>, String> {
-        let answer = match request.kind {
-            CALL_WELCOME => serde_json::to_vec(&self.welcome()),
-            CALL_JOIN => {
-                let record: BrokerRecord = decode(&request.payload)?;
-                if record.node_id != sender {
-                    return Err(format!(
-                        "node {sender} asked to register node {}: a broker registers itself",
-                        record.node_id
-                    ));
-                }
-                self.admit(record).await?;
-                serde_json::to_vec(&self.brokers())
-            }
-            CALL_ADD_MEMBER => {
-                let add: AddMember = decode(&request.payload)?;
-                self.add_to_group(add).await?;
-                Ok(Vec::new())
-            }
-            crate::coordinate::CALL_ROLL_WANTED
-            | crate::coordinate::CALL_LOAD_REPORT
-            | crate::coordinate::CALL_RESHAPE => {
-                return self.handle_coordination_call(request.group_id, &request.payload).await;
-            }
-            other => return Err(format!("unknown cluster call {other}")),
-        };
-        answer.map_err(|error| error.to_string())
+    /// Answers a join: `sender` registers itself, never another broker.
+    pub(crate) async fn answer_join(
+        &self,
+        sender: u64,
+        record: BrokerRecord,
+    ) -> Result<Vec<u8>, String> {
+        if record.node_id != sender {
+            return Err(format!(
+                "node {sender} asked to register node {}: a broker registers itself",
+                record.node_id
+            ));
+        }
+        self.admit(record).await?;
+        Ok(crate::peer::json(&self.brokers()))
     }
 
-    fn welcome(&self) -> Welcome {
+    pub(crate) fn welcome(&self) -> Welcome {
         Welcome {
             cluster_id: self.cluster.as_ref().map(|(_, id)| id.clone()).unwrap_or_default(),
             cursor_secret: self.cursors.secret(),
@@ -286,7 +227,7 @@ impl Broker {
     }
 
     /// Adds a broker to a group if this broker leads it, or asks the leader to.
-    async fn add_to_group(&self, add: AddMember) -> Result<(), String> {
+    pub(crate) async fn add_to_group(&self, add: AddMember) -> Result<(), String> {
         let vnode_voters = self.config.cluster.vnode_voters;
         match add.group_id {
             ADMIN_GROUP_ID => self.add_member_to(&self.admin, ADMIN_VOTERS_MAX, add).await,
@@ -317,13 +258,7 @@ impl Broker {
         let Some(leader) = leader else {
             return Err(format!("group {} has no leader now; retry", add.group_id));
         };
-        let payload = serde_json::to_vec(&add).map_err(|error| error.to_string())?;
-        let request = Request {
-            service: Service::Cluster,
-            group_id: add.group_id,
-            kind: CALL_ADD_MEMBER,
-            payload,
-        };
+        let request = PeerCall::AddMember(add).encode();
         transport
             .call(leader, request, Duration::from_millis(CALL_TIMEOUT_MS))
             .await
@@ -456,18 +391,12 @@ fn admits<M: StateMachine>(
 
 /// Asks the broker at `seed` (an inter-node address) for the cluster's welcome.
 pub async fn fetch_welcome(transport: &Transport, seed: &str) -> Result<Welcome, String> {
-    let request =
-        Request { service: Service::Cluster, group_id: 0, kind: CALL_WELCOME, payload: Vec::new() };
+    let request = PeerCall::Welcome.encode();
     let (_, answer) = transport
         .call_address(seed, request, Duration::from_millis(WELCOME_TIMEOUT_MS))
         .await
         .map_err(|error| format!("{seed}: {error}"))?;
     decode(&answer)
-}
-
-/// The handler a broker installs on its transport.
-pub fn peer_handler(broker: &Arc<Broker>) -> Arc<dyn Handler> {
-    Arc::new(PeerHandler(Arc::downgrade(broker)))
 }
 
 fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {

@@ -5,13 +5,12 @@
 //!
 //! Each vnode has its own coordinator (`vnodes.rs`); a broker coordinates the vnodes it leads
 //! and no other. For a vnode it does not lead it decides nothing: it sends what it knows to that
-//! vnode's leader (`Service::Cluster` calls, below, naming the vnode's group) and forwards an
+//! vnode's leader (`PeerCall::Coordinate`, naming the vnode's group) and forwards an
 //! operator's split or merge there. Roll requests are carried out at once, not at the next
 //! tick, because producers wait on them.
 
 use std::time::Duration;
 
-use malachi_transport::{Request, Service};
 use serde::{Deserialize, Serialize};
 
 use crate::coordinator::{Action, Decision};
@@ -19,26 +18,13 @@ use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::load::Rate;
 use crate::node::Broker;
+use crate::peer::{Ask, PeerCall};
 use crate::vnodes::Vnode;
-
-/// Cluster calls of the coordinator (`Service::Cluster`), by `kind`; after `cluster.rs`'s.
-pub const CALL_ROLL_WANTED: u8 = 4;
-pub const CALL_LOAD_REPORT: u8 = 5;
-pub const CALL_RESHAPE: u8 = 6;
 
 /// A holder asks the leader for a roll of the same range at most this often.
 const ROLL_ASK_MS: u64 = 1_000;
 /// How long a call to the leader may take (a forwarded reshape seals and proposes).
 const LEADER_CALL_MS: u64 = 30_000;
-
-/// What travels in the coordinator's cluster calls (JSON, as the other cluster calls).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-enum Ask {
-    Roll { topic_id: u64, range_id: u32 },
-    Load { reporter: u64, rates: Vec<(u64, u32, u64, u64)> },
-    Split { topic_id: u64, range_id: u32 },
-    Merge { topic_id: u64, left: u32, right: u32 },
-}
 
 /// The answer to a forwarded reshape: the new ranges, or the wire reason it was refused with.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -373,14 +359,8 @@ impl Broker {
                 vnode.vnode_id()
             )));
         };
-        let kind = match ask {
-            Ask::Roll { .. } => CALL_ROLL_WANTED,
-            Ask::Load { .. } => CALL_LOAD_REPORT,
-            Ask::Split { .. } | Ask::Merge { .. } => CALL_RESHAPE,
-        };
-        let payload = serde_json::to_vec(ask).expect("asks serialize");
         let request =
-            Request { service: Service::Cluster, group_id: vnode.group_id(), kind, payload };
+            PeerCall::Coordinate { group_id: vnode.group_id(), ask: ask.clone() }.encode();
         transport
             .call(leader, request, Duration::from_millis(LEADER_CALL_MS))
             .await
@@ -388,16 +368,15 @@ impl Broker {
     }
 
     /// Answers a coordinator call from another broker, about the vnode of group `group_id`.
-    pub(crate) async fn handle_coordination_call(
+    pub(crate) async fn answer_coordination(
         &self,
         group_id: u64,
-        payload: &[u8],
+        ask: Ask,
     ) -> Result<Vec<u8>, String> {
         let vnode = self
             .ring
             .by_group_id(group_id)
             .ok_or_else(|| format!("group {group_id} is no vnode of this ring"))?;
-        let ask: Ask = decode(payload).map_err(|error| error.to_string())?;
         match ask {
             Ask::Roll { topic_id, range_id } => {
                 self.request_roll(topic_id, range_id);
@@ -437,5 +416,5 @@ impl Broker {
 
 fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, LogError> {
     serde_json::from_slice(payload)
-        .map_err(|error| LogError::Unavailable(format!("malformed coordinator call: {error}")))
+        .map_err(|error| LogError::Unavailable(format!("malformed coordinator answer: {error}")))
 }

@@ -2,9 +2,10 @@
 //! with its replica set, the length metadata recorded when it was sealed, which copies metadata
 //! records as settled, and what the broker holding each copy reports of it.
 //!
-//! The segments come from this broker's metadata; each copy is asked of its own broker (a data
-//! call, `CALL_COPY_STATE`, or this broker's data plane for its own copies). Describing is
-//! read-only: it never fences, seals, creates or opens a head. A copy that is open (or closed
+//! The segments come from this broker's metadata; each copy is asked of its own broker (the
+//! data call `DataCall::CopyState`, which answers the copy's durable end u64 and whether it is
+//! sealed u8, or "gone" when there is nothing to report), or of this broker's data plane for
+//! its own copies. Describing is read-only: it never fences, seals, creates or opens a head. A copy that is open (or closed
 //! cleanly) is answered from memory; a sealed copy that is not is opened read-only, which a
 //! sealed file takes without change; an active copy that is not open is not opened at all,
 //! since opening recovers it (recovery may cut a torn tail, and a head an earlier process was
@@ -26,11 +27,7 @@ use crate::data::{DataError, Listed, SegmentKey};
 use crate::error::LogError;
 use crate::gossip::PeerStatus;
 use crate::node::Broker;
-use crate::remote::{self, Reader, Remote};
-
-/// Data call: how this broker's copy of a segment stands (read-only). Answers its durable end
-/// (u64) and whether it is sealed (u8), or "gone" when there is nothing to report.
-pub const CALL_COPY_STATE: u8 = 12;
+use crate::peer::{self, DataCall, Reader, Remote};
 
 /// Segments one description lists at most: the first ones, in range then segment order.
 pub const DESCRIBED_SEGMENTS_MAX: usize = 10_000;
@@ -131,8 +128,7 @@ impl Broker {
             if skipped || self.member_status(node) == PeerStatus::Dead {
                 return None;
             }
-            let payload = remote::encode_key(key);
-            match self.data_call_within(node, CALL_COPY_STATE, payload, COPY_STATE_TIMEOUT_MS).await
+            match self.data_call_within(node, key, DataCall::CopyState, COPY_STATE_TIMEOUT_MS).await
             {
                 Ok(answer) => decode_copy_state(&answer),
                 Err(error) => {
@@ -175,12 +171,11 @@ impl Broker {
         }
     }
 
-    /// Answers `CALL_COPY_STATE`.
-    pub(crate) async fn handle_copy_state_call(&self, key: SegmentKey) -> Vec<u8> {
+    /// Answers a request for this broker's copy's state.
+    pub(crate) async fn answer_copy_state(&self, key: SegmentKey) -> Vec<u8> {
         match self.copy_state_here(key).await {
             Ok(Some(state)) => encode_copy_state(state),
-            Ok(None) => vec![remote::FENCED_OR_GONE],
-            Err(error) => remote::encode_failure(&error),
+            outcome => peer::answer_of(outcome, |_, _| {}),
         }
     }
 }
@@ -226,15 +221,15 @@ fn describe_listed(segment: &Segment) -> SegmentDescription {
 }
 
 fn encode_copy_state(state: CopyState) -> Vec<u8> {
-    let mut answer = vec![remote::DONE];
-    answer.extend_from_slice(&state.durable_offset.to_le_bytes());
-    answer.push(u8::from(state.sealed));
-    answer
+    peer::answer_of(Ok(Some(state)), |state, answer| {
+        answer.extend_from_slice(&state.durable_offset.to_le_bytes());
+        answer.push(u8::from(state.sealed));
+    })
 }
 
-/// A `CALL_COPY_STATE` answer: the copy's state, `None` when its broker has none to report.
+/// A copy-state answer: the copy's state, `None` when its broker has none to report.
 fn decode_copy_state(answer: &[u8]) -> Result<Option<CopyState>, LogError> {
-    let decoded = remote::decode_answer(answer, |body| {
+    let decoded = peer::decode_answer(answer, |body| {
         let mut reader = Reader(body);
         let durable_offset = reader.u64()?;
         let sealed = match reader.u8()? {

@@ -10,19 +10,18 @@
 //! so a man in the middle (who holds two sessions, one with each side) can relay neither, and a
 //! stranger without the token learns nothing: the seed says only that the proof is wrong.
 
+use malachi_transport::Transport;
 use malachi_transport::pki::{self, ClusterCa, ClusterFiles, Credentials};
-use malachi_transport::{Request, Service, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::node::Broker;
+use crate::peer::PeerCall;
 
-/// The enrollment call (`Service::Cluster`); the only call a stranger may make.
-pub const CALL_ENROLL: u8 = 7;
 /// How long an enrollment may take (a certificate is signed on the seed).
 const ENROLL_TIMEOUT_MS: u64 = 5_000;
 
 /// A joiner's enrollment request.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnrollRequest {
     /// The node id the joiner's certificate will name.
     pub node_id: u64,
@@ -49,10 +48,8 @@ pub struct Enrolled {
 pub(crate) async fn answer(
     broker: &Broker,
     binding: [u8; 32],
-    payload: &[u8],
+    request: EnrollRequest,
 ) -> Result<Vec<u8>, String> {
-    let request: EnrollRequest = serde_json::from_slice(payload)
-        .map_err(|error| format!("malformed enrollment: {error}"))?;
     let files = broker.cluster_files.as_ref().ok_or(NOT_A_SEED)?;
     let token = files.read_token().map_err(|error| error.to_string())?.ok_or(NOT_A_SEED)?;
     if !pki::proof_matches(&token, pki::JOINER_ROLE, &binding, &request.proof) {
@@ -105,16 +102,13 @@ pub async fn enroll_through(
     files: &ClusterFiles,
 ) -> Result<ClusterCa, String> {
     let node_id = transport.node_id();
-    let make = |binding: [u8; 32]| Request {
-        service: Service::Cluster,
-        group_id: 0,
-        kind: CALL_ENROLL,
-        payload: serde_json::to_vec(&EnrollRequest {
+    let make = |binding: [u8; 32]| {
+        PeerCall::Enroll(EnrollRequest {
             node_id,
             cluster_address: cluster_address.to_string(),
             proof: pki::proof(token, pki::JOINER_ROLE, &binding),
         })
-        .expect("an enrollment request encodes"),
+        .encode()
     };
     let timeout = std::time::Duration::from_millis(ENROLL_TIMEOUT_MS);
     let (_, binding, answer) = transport

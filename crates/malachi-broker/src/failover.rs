@@ -39,14 +39,7 @@ use malachi_meta::SealReport;
 use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::node::Broker;
-use crate::remote::{self, Reader};
-
-/// Data calls of the seal (`Service::Data` kinds; wire values, never reused).
-pub const CALL_FENCE: u8 = 7;
-pub const CALL_FILL: u8 = 8;
-pub const CALL_SEAL_AT: u8 = 9;
-/// A read of a copy's durable records, whatever a quorum holds (fills and healing copy them).
-pub const CALL_READ_RAW: u8 = 10;
+use crate::peer::{self, DataCall, Reader, Remote, answer_of};
 
 /// How long a replica may take to say where its copy ends, or to fence it.
 const PROBE_TIMEOUT_MS: u64 = 2_000;
@@ -210,11 +203,8 @@ impl Broker {
                 // primary's copy counts although it refuses readers.
                 self.active_durable_end(key).await.is_ok()
             } else {
-                let payload = remote::encode_key(key);
-                let answered = self
-                    .data_call_within(node, remote::CALL_END, payload, PROBE_TIMEOUT_MS)
-                    .await
-                    .is_ok();
+                let answered =
+                    self.data_call_within(node, key, DataCall::End, PROBE_TIMEOUT_MS).await.is_ok();
                 self.saw_reachable(node, answered);
                 answered
             };
@@ -249,8 +239,7 @@ impl Broker {
             let fenced = if node == self.node_id {
                 self.fence_here(key).await
             } else {
-                let payload = remote::encode_key(key);
-                match self.data_call_within(node, CALL_FENCE, payload, FENCE_TIMEOUT_MS).await {
+                match self.data_call_within(node, key, DataCall::Fence, FENCE_TIMEOUT_MS).await {
                     Ok(answer) => decode_copy_end(node, &answer),
                     Err(error) => Err(error),
                 }
@@ -272,9 +261,8 @@ impl Broker {
             let sealed = if node == self.node_id {
                 self.seal_at_here(key, end).await
             } else {
-                let mut payload = remote::encode_key(key);
-                payload.extend_from_slice(&end.to_le_bytes());
-                match self.data_call_within(node, CALL_SEAL_AT, payload, FENCE_TIMEOUT_MS).await {
+                let call = DataCall::SealAt { end };
+                match self.data_call_within(node, key, call, FENCE_TIMEOUT_MS).await {
                     Ok(answer) => decode_copy_end(node, &answer),
                     Err(error) => Err(error),
                 }
@@ -305,10 +293,8 @@ impl Broker {
         if node == self.node_id {
             return self.fill_here(key, source, end).await;
         }
-        let mut payload = remote::encode_key(key);
-        payload.extend_from_slice(&source.to_le_bytes());
-        payload.extend_from_slice(&end.to_le_bytes());
-        let answer = self.data_call_within(node, CALL_FILL, payload, FILL_TIMEOUT_MS).await?;
+        let call = DataCall::Fill { source, end };
+        let answer = self.data_call_within(node, key, call, FILL_TIMEOUT_MS).await?;
         decode_copy_end(node, &answer).map(|copy| copy.end_offset)
     }
 
@@ -401,14 +387,11 @@ impl Broker {
                 batch.map_err(|error| LogError::from(crate::data::DataError::from(error)))?;
             return Ok(batch.records.into_iter().map(|stored| stored.record).collect());
         }
-        let mut payload = remote::encode_key(key);
-        payload.extend_from_slice(&from.to_le_bytes());
-        payload.extend_from_slice(&wanted.to_le_bytes());
-        payload.extend_from_slice(&FILL_BYTES_MAX.to_le_bytes());
-        let answer = self.data_call_within(source, CALL_READ_RAW, payload, FILL_TIMEOUT_MS).await?;
-        match remote::decode_answer(&answer, |body| remote::decode_records(&mut Reader(body)))? {
-            remote::Remote::Done(records) => Ok(records),
-            remote::Remote::FencedOrGone => Err(LogError::NoSuchTopic),
+        let call = DataCall::ReadRaw { from, wanted, bytes_max: FILL_BYTES_MAX };
+        let answer = self.data_call_within(source, key, call, FILL_TIMEOUT_MS).await?;
+        match peer::decode_answer(&answer, |body| peer::decode_records(&mut Reader(body)))? {
+            Remote::Done(records) => Ok(records),
+            Remote::FencedOrGone => Err(LogError::NoSuchTopic),
         }
     }
 
@@ -444,49 +427,38 @@ impl Broker {
         Ok(sealed(seal))
     }
 
-    /// Answers the seal's data calls on this broker's copy.
-    pub(crate) async fn handle_seal_call(
+    /// Answers a failover's fence of this broker's copy.
+    pub(crate) async fn answer_fence(&self, key: SegmentKey) -> Vec<u8> {
+        encode_copy_end(self.fence_here(key).await)
+    }
+
+    /// Answers a failover's fill of this broker's copy from the copy on `source`, which must
+    /// be one this broker's metadata lists (never a caller's word alone).
+    pub(crate) async fn answer_fill(
         &self,
-        kind: u8,
         key: SegmentKey,
-        reader: &mut Reader<'_>,
+        source: u64,
+        end: u64,
     ) -> Result<Vec<u8>, String> {
-        let outcome = match kind {
-            CALL_FENCE => self.fence_here(key).await,
-            CALL_FILL => {
-                let (source, end) = (reader.u64()?, reader.u64()?);
-                // Fill only from a copy of the segment as this broker's metadata lists them.
-                if !self.read_meta(key.segment_id, |meta| {
-                    meta.segment(key.segment_id)
-                        .is_some_and(|segment| segment.replicas.contains(&source))
-                }) {
-                    return Err(format!("broker {source} holds no copy of segment {key:?}"));
-                }
-                self.fill_here(key, source, end).await.and_then(|_| self.copy_end_here(key))
-            }
-            CALL_SEAL_AT => {
-                let end = reader.u64()?;
-                self.seal_at_here(key, end).await
-            }
-            CALL_READ_RAW => {
-                let (from, wanted, bytes_max) = (reader.u64()?, reader.u32()?, reader.u64()?);
-                let read = self.read_raw(self.node_id, key, from, wanted.min(FILL_RECORDS_MAX));
-                let _ = bytes_max;
-                return Ok(match read.await {
-                    Ok(records) => {
-                        let mut answer = vec![remote::DONE];
-                        remote::encode_records(&records, &mut answer);
-                        answer
-                    }
-                    Err(error) => remote::encode_failure(&error),
-                });
-            }
-            other => return Err(format!("unknown seal call {other}")),
-        };
-        Ok(match outcome {
-            Ok(copy) => encode_copy_end(copy),
-            Err(error) => remote::encode_failure(&error),
-        })
+        if !self.read_meta(key.segment_id, |meta| {
+            meta.segment(key.segment_id).is_some_and(|segment| segment.replicas.contains(&source))
+        }) {
+            return Err(format!("broker {source} holds no copy of segment {key:?}"));
+        }
+        let filled = self.fill_here(key, source, end).await;
+        Ok(encode_copy_end(filled.and_then(|_| self.copy_end_here(key))))
+    }
+
+    /// Answers a failover's seal of this broker's copy at `end`.
+    pub(crate) async fn answer_seal_at(&self, key: SegmentKey, end: u64) -> Vec<u8> {
+        encode_copy_end(self.seal_at_here(key, end).await)
+    }
+
+    /// Answers a read of this broker's copy as stored (at most [`FILL_RECORDS_MAX`] records,
+    /// [`FILL_BYTES_MAX`] bytes, whatever the caller asked).
+    pub(crate) async fn answer_read_raw(&self, key: SegmentKey, from: u64, wanted: u32) -> Vec<u8> {
+        let read = self.read_raw(self.node_id, key, from, wanted.min(FILL_RECORDS_MAX)).await;
+        answer_of(read.map(Some), |records, answer| peer::encode_records(&records, answer))
     }
 
     fn copy_end_here(&self, key: SegmentKey) -> Result<CopyEnd, LogError> {
@@ -501,23 +473,24 @@ impl Broker {
     }
 }
 
-fn encode_copy_end(copy: CopyEnd) -> Vec<u8> {
-    let mut answer = vec![remote::DONE];
-    answer.extend_from_slice(&copy.end_offset.to_le_bytes());
-    answer.extend_from_slice(&copy.data_bytes.to_le_bytes());
-    answer.push(u8::from(copy.sealed));
-    answer
+fn encode_copy_end(copy: Result<CopyEnd, LogError>) -> Vec<u8> {
+    answer_of(copy.map(Some), |copy, answer| {
+        answer.extend_from_slice(&copy.end_offset.to_le_bytes());
+        answer.extend_from_slice(&copy.data_bytes.to_le_bytes());
+        answer.push(u8::from(copy.sealed));
+    })
 }
 
 fn decode_copy_end(node_id: u64, answer: &[u8]) -> Result<CopyEnd, LogError> {
-    let decoded = remote::decode_answer(answer, |body| {
+    let decoded = peer::decode_answer(answer, |body| {
         let mut reader = Reader(body);
         let (end_offset, data_bytes, sealed) = (reader.u64()?, reader.u64()?, reader.u8()?);
+        reader.end()?;
         Ok(CopyEnd { node_id, end_offset, data_bytes, sealed: sealed != 0 })
     })?;
     match decoded {
-        remote::Remote::Done(copy) => Ok(copy),
-        remote::Remote::FencedOrGone => Err(LogError::NoSuchTopic),
+        Remote::Done(copy) => Ok(copy),
+        Remote::FencedOrGone => Err(LogError::NoSuchTopic),
     }
 }
 

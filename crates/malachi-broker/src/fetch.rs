@@ -18,7 +18,7 @@ use crate::data::{DataError, Listed, SegmentKey};
 use crate::error::LogError;
 use crate::frontier::{self, Frontier};
 use crate::node::Broker;
-use crate::remote::Remote;
+use crate::peer::Remote;
 use crate::replica::Role;
 
 /// Clamps of wire-protocol.md section 3.3.

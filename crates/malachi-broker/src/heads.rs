@@ -22,7 +22,7 @@ use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::gossip::PeerStatus;
 use crate::node::Broker;
-use crate::remote::Remote;
+use crate::peer::Remote;
 use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
 use crate::topics::map_meta_error;
 

@@ -30,11 +30,8 @@ use crate::error::LogError;
 use crate::failover::Write;
 use crate::gossip::PeerStatus;
 use crate::node::Broker;
-use crate::remote::{self, Reader};
+use crate::peer::{self, DataCall, Reader, Remote};
 use crate::vnodes::Vnode;
-
-/// Data call: settle this broker's copy (check it; rebuild it from the sources if it fails).
-pub const CALL_SETTLE: u8 = 11;
 
 /// Sealed segments the healer looks at per vnode and tick.
 const HEAL_SEGMENTS_PER_TICK: usize = 16;
@@ -234,35 +231,32 @@ impl Broker {
         if replica == self.node_id {
             return self.settle_here(key, seal, &sources).await;
         }
-        let mut payload = remote::encode_key(key);
-        payload.extend_from_slice(&seal.end_offset.to_le_bytes());
-        payload.extend_from_slice(&seal.data_bytes.to_le_bytes());
-        payload.push(u8::try_from(sources.len()).unwrap_or(u8::MAX));
-        for source in sources.iter().take(usize::from(u8::MAX)) {
-            payload.extend_from_slice(&source.to_le_bytes());
-        }
-        let answer =
-            self.data_call_within(replica, CALL_SETTLE, payload, SETTLE_TIMEOUT_MS).await?;
-        match remote::decode_answer(&answer, |body| Reader(body).u8())? {
-            remote::Remote::Done(settled) => Ok(settled != 0),
-            remote::Remote::FencedOrGone => Err(LogError::NoSuchTopic),
+        let sources = sources.into_iter().take(peer::SETTLE_SOURCES_MAX).collect();
+        let call = DataCall::Settle { seal, sources };
+        let answer = self.data_call_within(replica, key, call, SETTLE_TIMEOUT_MS).await?;
+        let settled = peer::decode_answer(&answer, |body| {
+            let mut reader = Reader(body);
+            let settled = reader.u8()?;
+            reader.end().map(|()| settled != 0)
+        })?;
+        match settled {
+            Remote::Done(settled) => Ok(settled),
+            Remote::FencedOrGone => Err(LogError::NoSuchTopic),
         }
     }
 
-    /// Answers `CALL_SETTLE`.
-    pub(crate) async fn handle_settle_call(
+    /// Answers a settle of this broker's copy.
+    pub(crate) async fn answer_settle(
         &self,
         key: SegmentKey,
-        reader: &mut Reader<'_>,
+        asked: SealInfo,
+        sources: Vec<u64>,
     ) -> Result<Vec<u8>, String> {
-        let asked = SealInfo { end_offset: reader.u64()?, data_bytes: reader.u64()? };
-        let count = reader.u8()?;
-        let sources = (0..count).map(|_| reader.u64()).collect::<Result<Vec<u64>, String>>()?;
         // The seal point and the sources are this broker's metadata's, never the caller's: a
         // caller's word alone must not make a copy of acknowledged records shorter, or rebuild
         // it from a broker that holds no copy.
         let Some((seal, replicas)) = recorded_seal(self, key) else {
-            return Ok(remote::encode_failure(&LogError::NoSuchTopic));
+            return Ok(peer::encode_failure(&LogError::NoSuchTopic));
         };
         if seal != asked {
             return Err(format!(
@@ -272,10 +266,8 @@ impl Broker {
         }
         let sources: Vec<u64> =
             sources.into_iter().filter(|source| replicas.contains(source)).collect();
-        Ok(match self.settle_here(key, seal, &sources).await {
-            Ok(settled) => vec![remote::DONE, u8::from(settled)],
-            Err(error) => remote::encode_failure(&error),
-        })
+        let settled = self.settle_here(key, seal, &sources).await;
+        Ok(peer::answer_of(settled.map(Some), |settled, answer| answer.push(u8::from(settled))))
     }
 
     /// Settles this broker's copy of sealed segment `key`: `true` once it is sealed at `seal`

@@ -26,6 +26,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod node;
 pub mod notify;
+pub mod peer;
 mod policies;
 pub mod produce;
 mod remote;

@@ -55,7 +55,7 @@ pub struct NodeDeps {
 /// What a broker of a cluster takes from outside.
 pub struct ClusterDeps {
     /// The inter-node transport; the broker answers its calls once started
-    /// (`crate::cluster::PeerHandler`).
+    /// (`crate::peer::PeerHandler`).
     pub transport: malachi_transport::Transport,
     /// The cluster's id, as recorded in the data directory.
     pub cluster_id: String,

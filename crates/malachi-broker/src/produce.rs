@@ -18,7 +18,7 @@ use malachi_meta::key_point;
 use crate::data::{DataError, SegmentKey};
 use crate::error::LogError;
 use crate::node::Broker;
-use crate::remote::Remote;
+use crate::peer::Remote;
 use crate::replica::ReplicatedAppendError;
 
 /// How long a produce re-routes records whose head was fenced (a roll, split or merge under
@@ -126,7 +126,7 @@ impl Broker {
         }
         let forwarded = remote.iter().map(|(holder, batch)| {
             let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
-            async move { self.remote_append(*holder, batch.key, &owned).await }
+            async move { self.remote_append(*holder, batch.key, owned).await }
         });
         let (local, forwarded) =
             tokio::join!(self.append_local(local, records), join_all(forwarded));

@@ -34,7 +34,7 @@ use malachi_log::{AppendError, AppendTicket, Record, Segment};
 use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
 use crate::node::Broker;
-use crate::remote::{self, Reader};
+use crate::peer::{DataCall, Shipped, decode_shipped, encode_shipped};
 
 /// How long a follower waits for the batches before one that arrived early (calls are handled
 /// concurrently) before it refuses it with its end.
@@ -263,21 +263,6 @@ pub(crate) enum Role {
     Outside { replicas: Vec<u64> },
 }
 
-/// What a follower answers a shipped batch.
-enum Shipped {
-    /// Its copy is durable to this offset.
-    Durable(u64),
-    /// The batch did not start where its copy ends, which is durable to this offset.
-    Refused(u64),
-    /// Its copy is sealed.
-    Fenced,
-}
-
-const SHIPPED_DURABLE: u8 = 0;
-const SHIPPED_FENCED: u8 = 1;
-const SHIPPED_FAILED: u8 = 2;
-const SHIPPED_REFUSED: u8 = 3;
-
 /// A span of a head's records to ship to a follower, in the follower's window `epoch`.
 #[derive(Clone, Copy, Debug)]
 struct Span {
@@ -471,12 +456,8 @@ impl Broker {
         let answer = match records {
             Ok(records) => {
                 let acked_end = head.acked().end;
-                let mut payload = remote::encode_key(key);
-                payload.extend_from_slice(&start.to_le_bytes());
-                payload.extend_from_slice(&acked_end.to_le_bytes());
-                remote::encode_records(&records, &mut payload);
-                drop(records);
-                let answer = self.data_call(follower, remote::CALL_REPLICATE, payload).await;
+                let call = DataCall::Replicate { start, acked_end, records };
+                let answer = self.data_call(follower, key, call).await;
                 answer.map(|answer| decode_shipped(&answer))
             }
             Err(error) => Ok(Err(error)),
@@ -541,25 +522,15 @@ impl Broker {
         &self,
         source: u64,
         key: SegmentKey,
-        reader: &mut Reader<'_>,
-    ) -> Result<Vec<u8>, String> {
-        let start = reader.u64()?;
-        let acked_end = reader.u64()?;
-        let records = remote::decode_records(reader)?;
-        let answer = match self.append_copy(source, key, start, records).await {
-            Ok(Shipped::Durable(durable)) => {
-                self.replication.saw_acked(key, acked_end.min(durable));
-                encode_shipped(SHIPPED_DURABLE, durable)
-            }
-            Ok(Shipped::Refused(durable)) => encode_shipped(SHIPPED_REFUSED, durable),
-            Ok(Shipped::Fenced) => vec![SHIPPED_FENCED],
-            Err(error) => {
-                let mut failed = vec![SHIPPED_FAILED, u8::from(error.is_retryable())];
-                failed.extend_from_slice(error.reason().as_bytes());
-                failed
-            }
-        };
-        Ok(answer)
+        start: u64,
+        acked_end: u64,
+        records: Vec<Record>,
+    ) -> Vec<u8> {
+        let appended = self.append_copy(source, key, start, records).await;
+        if let Ok(Shipped::Durable(durable)) = appended {
+            self.replication.saw_acked(key, acked_end.min(durable));
+        }
+        encode_shipped(appended)
     }
 
     async fn append_copy(
@@ -674,28 +645,4 @@ fn stage_copy(
 pub(crate) enum ReplicatedAppendError {
     Append(AppendError),
     NoQuorum,
-}
-
-fn encode_shipped(status: u8, durable: u64) -> Vec<u8> {
-    let mut answer = vec![status];
-    answer.extend_from_slice(&durable.to_le_bytes());
-    answer
-}
-
-fn decode_shipped(answer: &[u8]) -> Result<Shipped, LogError> {
-    let malformed = || LogError::Unavailable("malformed replicate answer".to_string());
-    let durable = |body: &[u8]| -> Result<u64, LogError> {
-        let bytes: [u8; 8] = body.try_into().map_err(|_| malformed())?;
-        Ok(u64::from_le_bytes(bytes))
-    };
-    match answer.split_first() {
-        Some((&SHIPPED_DURABLE, body)) => Ok(Shipped::Durable(durable(body)?)),
-        Some((&SHIPPED_REFUSED, body)) => Ok(Shipped::Refused(durable(body)?)),
-        Some((&SHIPPED_FENCED, _)) => Ok(Shipped::Fenced),
-        Some((&SHIPPED_FAILED, [retryable, reason @ ..])) => Err(LogError::Remote {
-            reason: String::from_utf8_lossy(reason).into_owned(),
-            retryable: *retryable != 0,
-        }),
-        _ => Err(malformed()),
-    }
 }

@@ -61,6 +61,7 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-broker/src/policies.rs", false),
     ("crates/malachi-broker/src/cluster.rs", false),
     ("crates/malachi-broker/src/remote.rs", false),
+    ("crates/malachi-broker/src/peer", false),
     ("crates/malachi-sim/src/cluster.rs", false),
     // The client port: every request handler, the connection phases, the limits.
     ("crates/malachi-server/src", false),

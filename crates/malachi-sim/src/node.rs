@@ -334,7 +334,7 @@ async fn boot_member(
     seeds: Vec<String>,
 ) -> Result<Arc<Broker>, String> {
     let broker = Broker::start(deps).await.map_err(|error| format!("start: {error}"))?;
-    transport.set_handler(malachi_broker::cluster::peer_handler(&broker));
+    transport.set_handler(malachi_broker::peer::peer_handler(&broker));
     broker.sync_addresses();
     if !seeds.is_empty()
         && !broker.joined()

@@ -12,13 +12,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use malachi_broker::cluster::{Welcome, fetch_welcome, peer_handler};
+use malachi_broker::cluster::{Welcome, fetch_welcome};
 use malachi_broker::config::{BrokerConfig, ClusterSecurity, join_host_port};
 use malachi_broker::enroll;
 use malachi_broker::gossip::Gossip;
 use malachi_broker::node::{
     BootError, BootReport, Broker, ClusterDeps, NodeDeps, write_cursor_secret,
 };
+use malachi_broker::peer::peer_handler;
 use malachi_consensus::{ConsensusError, FirstBoot};
 use malachi_transport::gossip_seal::GossipSeal;
 use malachi_transport::pki::{self, ClusterCa, ClusterFiles};

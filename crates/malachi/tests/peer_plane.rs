@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{BrokerProcess, free_port};
-use malachi_broker::cluster::{CALL_JOIN, CALL_WELCOME, STRANGERS_ENROLL_ONLY};
-use malachi_broker::enroll::{CALL_ENROLL, EnrollRequest, WRONG_TOKEN};
+use malachi_broker::enroll::{EnrollRequest, WRONG_TOKEN};
+use malachi_broker::peer::{CLUSTER_ENROLL, PeerCall, STRANGERS_ENROLL_ONLY};
 use malachi_consensus::MessageKind;
 use malachi_transport::pki::{ClusterCa, ClusterFiles};
 use malachi_transport::{CallError, ClusterTls, Request, Security, Service, Transport};
@@ -53,11 +53,8 @@ fn request(service: Service, group_id: u64, kind: u8, payload: &[u8]) -> Request
 fn attacks() -> Vec<(&'static str, Request)> {
     let create_admin = br#"{"CreateUser":{"username":"mallory","password_hash":"x","permissions":["admin"],"role":null}}"#;
     vec![
-        ("welcome", request(Service::Cluster, 0, CALL_WELCOME, b"")),
-        (
-            "join",
-            request(Service::Cluster, 0, CALL_JOIN, br#"{"node_id":9,"cluster_address":"x:1"}"#),
-        ),
+        ("welcome", PeerCall::Welcome.encode()),
+        ("join", request(Service::Cluster, 0, 2, br#"{"node_id":9,"cluster_address":"x:1"}"#)),
         ("client write", request(Service::Raft, 0, MessageKind::ClientWrite.code(), create_admin)),
         ("vote", request(Service::Raft, 0, MessageKind::Vote.code(), b"{}")),
         ("append", request(Service::Data, 0, 1, &[0u8; 20])),
@@ -82,13 +79,8 @@ async fn a_stranger_gets_a_refusal_and_nothing_else() {
     let enroll = |binding: [u8; 32]| {
         let proof =
             malachi_transport::pki::proof(guess, malachi_transport::pki::JOINER_ROLE, &binding);
-        let payload = serde_json::to_vec(&EnrollRequest {
-            node_id: 9,
-            cluster_address: "127.0.0.1:1".into(),
-            proof,
-        })
-        .unwrap();
-        request(Service::Cluster, 0, CALL_ENROLL, &payload)
+        PeerCall::Enroll(EnrollRequest { node_id: 9, cluster_address: "127.0.0.1:1".into(), proof })
+            .encode()
     };
     let answer = stranger.call_as_stranger(&seed.cluster_address, enroll, WAIT).await;
     assert!(
@@ -100,7 +92,7 @@ async fn a_stranger_gets_a_refusal_and_nothing_else() {
     let answer = stranger
         .call_as_stranger(
             &seed.cluster_address,
-            |_| request(Service::Cluster, 0, CALL_ENROLL, &large),
+            |_| request(Service::Cluster, 0, CLUSTER_ENROLL, &large),
             WAIT,
         )
         .await;
@@ -110,9 +102,7 @@ async fn a_stranger_gets_a_refusal_and_nothing_else() {
     );
     // A plain-text peer, as every broker was before: its hello is not a TLS handshake.
     let plain = Transport::new(9, "", Security::Insecure);
-    let answer = plain
-        .call_address(&seed.cluster_address, request(Service::Cluster, 0, CALL_WELCOME, b""), WAIT)
-        .await;
+    let answer = plain.call_address(&seed.cluster_address, PeerCall::Welcome.encode(), WAIT).await;
     assert!(answer.is_err(), "{answer:?}");
     nothing_changed(&seed).await;
 }
@@ -145,7 +135,7 @@ async fn a_members_credentials_speak_for_that_member_alone() {
     let files = ClusterFiles::in_data_dir(&dir.path().join("data"));
     let member = Transport::new(1, "", Security::Tls(Arc::new(ClusterTls::load(files).unwrap())));
     let record = br#"{"node_id":2,"cluster_address":"127.0.0.1:1","client_address":"127.0.0.1:1","attributes":{},"gossip_address":"127.0.0.1:1"}"#;
-    let join = request(Service::Cluster, 0, CALL_JOIN, record);
+    let join = request(Service::Cluster, 0, 2, record);
     let answer = member.call_address(&seed.cluster_address, join, WAIT).await;
     assert!(
         matches!(&answer, Err(CallError::Failed(reason)) if reason.contains("registers itself")),

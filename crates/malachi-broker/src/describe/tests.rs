@@ -6,8 +6,8 @@ use bytes::Bytes;
 use malachi_log::Record;
 
 use super::*;
+use crate::peer::{DONE, FENCED_OR_GONE};
 use crate::produce::Spread;
-use crate::remote::{DONE, FENCED_OR_GONE};
 use crate::testing;
 use crate::testkit::TopicBuilder;
 
