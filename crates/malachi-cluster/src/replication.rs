@@ -41,6 +41,11 @@ pub struct ReplicationConfig {
     pub quorum_wait_ms: u64,
     /// Records in one span shipped from the file (a follower catching up).
     pub catch_up_records_max: u64,
+    /// Bytes of staged batches held in memory for followers that have not got them yet. Past
+    /// it, batches a quorum acknowledged and this broker holds durable are dropped even if a
+    /// follower in reach still lacks them (a slow one that still answers): it is shipped them
+    /// from the file instead, so no follower pins a whole segment in the primary's memory.
+    pub held_bytes_max: u64,
 }
 
 impl Default for ReplicationConfig {
@@ -50,6 +55,7 @@ impl Default for ReplicationConfig {
             window_bytes: 16 << 20,
             quorum_wait_ms: 2_000,
             catch_up_records_max: 4_096,
+            held_bytes_max: 64 << 20,
         }
     }
 }
@@ -134,6 +140,8 @@ pub struct Primary {
     /// The end of what was staged here.
     staged_end: u64,
     staged: VecDeque<Staged>,
+    /// The bytes of `staged`.
+    staged_bytes: u64,
     followers: BTreeMap<u64, Follower>,
     acked_end: u64,
     /// Set once a batch missed its quorum: the segment takes nothing more.
@@ -160,6 +168,7 @@ impl Primary {
             local_durable: durable_end,
             staged_end: durable_end,
             staged: VecDeque::new(),
+            staged_bytes: 0,
             followers,
             acked_end: durable_end,
             no_quorum_from: None,
@@ -217,6 +226,7 @@ impl Primary {
             return;
         }
         self.staged.push_back(Staged { start, end, bytes, staged_ms: now_ms });
+        self.staged_bytes += bytes;
         self.ship_all();
         self.advance();
     }
@@ -400,8 +410,14 @@ impl Primary {
             .unwrap_or(u64::MAX)
             .min(self.acked_end)
             .min(self.local_durable);
-        while self.staged.front().is_some_and(|batch| batch.end <= everywhere) {
+        let droppable = self.acked_end.min(self.local_durable);
+        while let Some(batch) = self.staged.front().copied() {
+            let over_budget = self.staged_bytes > self.config.held_bytes_max;
+            if batch.end > everywhere && !(over_budget && batch.end <= droppable) {
+                break;
+            }
             self.staged.pop_front();
+            self.staged_bytes -= batch.bytes;
         }
         self.check();
     }
@@ -409,6 +425,18 @@ impl Primary {
     /// The machine's invariants, on every step.
     fn check(&self) {
         assert!(self.acked_end <= self.staged_end, "acknowledged past what was staged");
+        debug_assert_eq!(
+            self.staged_bytes,
+            self.staged.iter().map(|batch| batch.bytes).sum::<u64>(),
+            "staged bytes counted"
+        );
+        // Over the budget, only batches a quorum has not acknowledged (or not durable here) are
+        // held: the first one held is one of them.
+        if self.staged_bytes > self.config.held_bytes_max
+            && let Some(batch) = self.staged.front()
+        {
+            assert!(batch.end > self.acked_end.min(self.local_durable), "held over the budget");
+        }
         assert!(self.local_durable <= self.staged_end, "durable past what was staged");
         for (node, state) in &self.followers {
             assert!(state.in_flight.len() <= self.config.window_batches, "window of {node}");

@@ -12,6 +12,7 @@ fn config() -> ReplicationConfig {
         window_bytes: 1_000,
         quorum_wait_ms: 100,
         catch_up_records_max: 4,
+        held_bytes_max: 10_000,
     }
 }
 
@@ -152,6 +153,40 @@ fn a_follower_out_of_reach_is_shipped_from_the_file_once_back() {
     assert_eq!(ships(&primary.take_actions()), [(3, 4, 8)]);
     primary.follower_durable(3, 8);
     assert_eq!(ships(&primary.take_actions()), [(3, 8, 12)]);
+}
+
+/// A follower in reach that answers slowly pins nothing a quorum acknowledged past the budget:
+/// those batches leave the primary's memory and are shipped to it from the file. What a quorum
+/// has not acknowledged stays held, budget or not.
+#[test]
+fn a_slow_follower_does_not_pin_acknowledged_batches_past_the_budget() {
+    let budgeted = ReplicationConfig { held_bytes_max: 25, window_batches: 16, ..config() };
+    let mut primary = Primary::new(&[2, 3], 0, budgeted);
+    for batch in 0..5 {
+        primary.staged(batch * 10, batch * 10 + 10, 10, 0);
+        primary.local_durable(batch * 10 + 10);
+    }
+    assert_eq!((primary.acked_end(), primary.held_from()), (0, 0), "nothing acknowledged");
+    primary.take_actions();
+    // Follower 2 holds everything; follower 3 is shipped it all and answers nothing.
+    primary.follower_durable(2, 50);
+    assert_eq!(primary.acked_end(), 50);
+    assert_eq!(primary.held_from(), 30, "50 bytes held, 20 once under the budget of 25");
+    // Follower 3 falls out of reach and comes back: it is shipped from the file below what is
+    // held, one bounded span at a time.
+    let epoch = primary.window_epoch(3).unwrap();
+    primary.follower_unreachable(3, epoch);
+    primary.retry_follower(3);
+    assert_eq!(ships(&primary.take_actions()), [(3, 0, 4)], "from the file, alone");
+    // Without the budget, the same follower pins every batch.
+    let mut unbounded =
+        Primary::new(&[2, 3], 0, ReplicationConfig { window_batches: 16, ..config() });
+    for batch in 0..5 {
+        unbounded.staged(batch * 10, batch * 10 + 10, 10, 0);
+        unbounded.local_durable(batch * 10 + 10);
+    }
+    unbounded.follower_durable(2, 50);
+    assert_eq!(unbounded.held_from(), 0);
 }
 
 /// A span from the file answered short (the driver's read stopped at its byte cap): the
@@ -307,8 +342,10 @@ proptest! {
     #[test]
     fn acknowledged_records_are_durable_on_a_quorum(steps in proptest::collection::vec(step(), 1..200)) {
         let followers = [2u64, 3];
+        // A small memory budget, so batches are dropped while a follower still lacks them.
         let mut primary = Primary::new(&followers, 0, ReplicationConfig {
             quorum_wait_ms: 50,
+            held_bytes_max: 30,
             ..config()
         });
         let mut copies = [Copy::default(), Copy::default()];
