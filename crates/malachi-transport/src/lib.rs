@@ -193,6 +193,9 @@ struct Link {
     /// while none was owed), in milliseconds since `opened`.
     progress_ms: AtomicU64,
     opened: tokio::time::Instant,
+    /// Told when a connection of its own has had its one call answered: the reader closes it,
+    /// so the peer's slot (a stranger's, one of its few) is freed at once.
+    hang_up: tokio::sync::Notify,
 }
 
 impl Link {
@@ -205,6 +208,7 @@ impl Link {
             frames_received: AtomicU64::new(0),
             progress_ms: AtomicU64::new(0),
             opened: tokio::time::Instant::now(),
+            hang_up: tokio::sync::Notify::new(),
         }
     }
 
@@ -397,8 +401,9 @@ impl Transport {
                 .await
                 .map_err(|_| unreachable(address, "connection closed"))?;
             link.sent_request();
-            let answer = answer_rx.await.map_err(|_| lost(address, "connection closed"))?;
-            Ok((hello, answer?))
+            let answer = answer_rx.await.map_err(|_| lost(address, "connection closed"));
+            link.hang_up.notify_one();
+            Ok((hello, answer??))
         };
         match tokio::time::timeout(timeout, call).await {
             Ok(answer) => answer,
@@ -879,21 +884,21 @@ async fn read_answers(
         let frame = loop {
             tokio::select! {
                 biased;
-                frame = &mut reading => break Some(frame),
+                frame = &mut reading => break frame.map_err(|error| error.to_string()),
+                () = link.hang_up.notified() => break Err("closed after its call".to_string()),
                 () = tokio::time::sleep(check) => {
                     if watch_silence && link.silent() {
-                        break None;
+                        tracing::debug!(%address, "no answer on the connection: aborting it");
+                        break Err(format!(
+                            "aborted: no answer from the peer for {SILENT_LINK_MS} ms"
+                        ));
                     }
                 }
             }
         };
         let frame = match frame {
-            Some(Ok(frame)) => frame,
-            Some(Err(error)) => break error.to_string(),
-            None => {
-                tracing::debug!(%address, "no answer on the connection: aborting it");
-                break format!("aborted: no answer from the peer for {SILENT_LINK_MS} ms");
-            }
+            Ok(frame) => frame,
+            Err(error) => break error,
         };
         link.received_frame();
         let (id, answer) = match frame {

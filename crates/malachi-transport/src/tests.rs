@@ -523,3 +523,113 @@ async fn a_frame_whose_body_does_not_arrive_in_time_ends_the_connection() {
     let ended = serving.await.unwrap();
     assert!(matches!(&ended, Err(reason) if reason.contains("deadline")), "{ended:?}");
 }
+
+/// Holds every call until opened, counting the calls it holds.
+#[derive(Clone)]
+struct Gate {
+    held: Arc<watch::Sender<usize>>,
+    open: Arc<watch::Sender<bool>>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate { held: Arc::new(watch::channel(0).0), open: Arc::new(watch::channel(false).0) }
+    }
+
+    async fn holding_at_least(&self, calls: usize) {
+        let mut held = self.held.subscribe();
+        held.wait_for(|held| *held >= calls).await.unwrap();
+    }
+
+    fn held(&self) -> usize {
+        *self.held.borrow()
+    }
+}
+
+impl Handler for Gate {
+    fn handle(&self, _caller: Caller, request: Request) -> HandlerFuture {
+        let (held, mut open) = (Arc::clone(&self.held), self.open.subscribe());
+        Box::pin(async move {
+            held.send_modify(|held| *held += 1);
+            open.wait_for(|open| *open).await.map_err(|error| error.to_string())?;
+            Ok(request.payload)
+        })
+    }
+}
+
+async fn gated(transport: Transport, gate: &Gate) -> String {
+    transport.set_handler(Arc::new(gate.clone()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(transport.serve(listener));
+    address
+}
+
+#[tokio::test]
+async fn strangers_beyond_the_cap_are_turned_away_until_one_leaves() {
+    let pki = Pki::new();
+    let gate = Gate::new();
+    let address = gated(pki.transport(2), &gate).await;
+    let stranger = || Transport::new(9, "", Security::Unenrolled);
+    let long = Duration::from_secs(30);
+    let enrolling: Vec<_> = (0..STRANGERS_MAX)
+        .map(|at| {
+            let address = address.clone();
+            tokio::spawn(async move {
+                stranger().call_as_stranger(&address, |_| request(1, 0, &[at as u8]), long).await
+            })
+        })
+        .collect();
+    gate.holding_at_least(STRANGERS_MAX).await;
+    // Every stranger's slot is taken: one more is turned away before its call is read.
+    let error = stranger()
+        .call_as_stranger(&address, |_| request(1, 0, b"one more"), long)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, CallError::Lost { .. } | CallError::Unreachable { .. }), "{error:?}");
+    assert_eq!(gate.held(), STRANGERS_MAX, "the stranger over the cap reached the handler");
+    gate.open.send_replace(true);
+    for (at, call) in enrolling.into_iter().enumerate() {
+        let (_, _, answer) = call.await.unwrap().unwrap();
+        assert_eq!(answer, [at as u8]);
+    }
+    // The slots free as the enrolled strangers' connections close (the server sees each close
+    // a moment after the answer): a stranger is served again.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match stranger().call_as_stranger(&address, |_| request(1, 0, b"later"), long).await {
+            Ok((_, _, answer)) => break assert_eq!(answer, b"later"),
+            Err(error) => assert!(attempts < 100, "never served again: {error:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_connection_has_a_bounded_number_of_calls_in_handling() {
+    let gate = Gate::new();
+    let address = gated(insecure(2, CLUSTER), &gate).await;
+    let client = insecure(1, CLUSTER);
+    client.set_address(2, &address);
+    let calls = HANDLERS_PER_CONNECTION_MAX + 36;
+    let long = Duration::from_secs(30);
+    let waiting: Vec<_> = (0..calls)
+        .map(|at| {
+            let client = client.clone();
+            let payload = (at as u32).to_le_bytes();
+            tokio::spawn(async move { client.call(2, request(0, 0, &payload), long).await })
+        })
+        .collect();
+    gate.holding_at_least(HANDLERS_PER_CONNECTION_MAX).await;
+    // The rest were sent (a moment is plenty for a hundred small frames over loopback) and wait
+    // in the connection, unread: the handlers' count stays at the cap. Without it, it reaches
+    // every call sent; with it, it can never pass the cap, so this wait cannot make it fail.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(gate.held(), HANDLERS_PER_CONNECTION_MAX);
+    gate.open.send_replace(true);
+    for (at, call) in waiting.into_iter().enumerate() {
+        assert_eq!(call.await.unwrap().unwrap(), (at as u32).to_le_bytes());
+    }
+    assert_eq!(gate.held(), calls);
+}
