@@ -218,6 +218,7 @@ impl PeerCall {
                 Ok(PeerCall::Raft { group_id, kind, body: payload })
             }
             Service::Cluster => decode_cluster(group_id, kind, &payload).ok_or(unknown)?,
+            Service::Data if group_id != 0 => Err(malformed("data", "a data call names no group")),
             Service::Data => {
                 let mut reader = Reader(&payload);
                 let key = decode_key(&mut reader)?;
@@ -255,6 +256,10 @@ fn decode_cluster(
     kind: u8,
     payload: &[u8],
 ) -> Option<Result<PeerCall, PeerCallError>> {
+    let groupless = matches!(kind, CLUSTER_WELCOME | CLUSTER_JOIN | CLUSTER_ENROLL);
+    if groupless && group_id != 0 {
+        return Some(Err(malformed("cluster", "this call names no group")));
+    }
     Some(match kind {
         CLUSTER_WELCOME if payload.is_empty() => Ok(PeerCall::Welcome),
         CLUSTER_WELCOME => Err(PeerCallError::Trailing { call: "welcome", bytes: payload.len() }),

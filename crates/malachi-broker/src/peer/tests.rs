@@ -222,4 +222,15 @@ fn malformed_calls_are_refused_by_name() {
     let mut request = add.encode();
     request.group_id = 5;
     assert!(matches!(PeerCall::decode(request), Err(PeerCallError::Malformed { .. })));
+    // Calls that name no group refuse one, so that no call has two encodings (found by the
+    // peer_frame fuzz target: a data call's group id was ignored).
+    let fence = PeerCall::Data {
+        key: SegmentKey { topic_id: 1, range_id: 0, segment_id: 2 },
+        call: DataCall::Fence,
+    };
+    for call in [PeerCall::Welcome, fence] {
+        let mut request = call.encode();
+        request.group_id = 1;
+        assert!(matches!(PeerCall::decode(request), Err(PeerCallError::Malformed { .. })));
+    }
 }
