@@ -63,6 +63,14 @@ impl ClusterCanary {
     pub fn parse(name: &str) -> Option<ClusterCanary> {
         ClusterCanary::ALL.iter().find(|(known, _)| *known == name).map(|(_, canary)| *canary)
     }
+
+    pub fn name(self) -> &'static str {
+        ClusterCanary::ALL
+            .iter()
+            .find(|(_, known)| *known == self)
+            .expect("every canary is named")
+            .0
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -83,6 +91,22 @@ pub const CLUSTER_FAULT_MS: u64 = 10_000;
 impl ClusterOptions {
     pub fn new(seed: u64) -> ClusterOptions {
         ClusterOptions { seed, fault_ms: CLUSTER_FAULT_MS, canary: None, replica_faults: false }
+    }
+
+    /// The command that replays this run: every flag it was run with (a replay without
+    /// `--replica-faults` of a run that had them passes, and hides what failed).
+    pub fn replay_command(&self) -> String {
+        let mut flags = vec!["--cluster".to_string(), format!("--seed {}", self.seed)];
+        if self.fault_ms != CLUSTER_FAULT_MS {
+            flags.push(format!("--fault-ms {}", self.fault_ms));
+        }
+        if let Some(canary) = self.canary {
+            flags.push(format!("--canary {}", canary.name()));
+        }
+        if self.replica_faults {
+            flags.push("--replica-faults".to_string());
+        }
+        crate::replay_command(&flags)
     }
 }
 

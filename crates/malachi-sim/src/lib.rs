@@ -29,20 +29,12 @@ pub mod world;
 pub use cluster::{CLUSTER_FAULT_MS, ClusterCanary, ClusterOptions, run_cluster};
 pub use world::{Canary, DEFAULT_FAULT_MS, RunOptions, RunOutcome, RunStats, run};
 
-/// The command that replays `seed` (with `canary`, if any).
-pub fn replay_command(seed: u64, canary: Option<&str>) -> String {
-    replay_command_of(false, seed, canary)
-}
-
-/// The command that replays `seed` of a cluster (`cluster`) or of one node.
-pub fn replay_command_of(cluster: bool, seed: u64, canary: Option<&str>) -> String {
+/// The command that replays a run, given the flags that differ from a default run.
+fn replay_command(flags: &[String]) -> String {
     let mut command = String::from("cargo run --release -p malachi-sim --");
-    if cluster {
-        command.push_str(" --cluster");
-    }
-    command.push_str(&format!(" --seed {seed}"));
-    if let Some(canary) = canary {
-        command.push_str(&format!(" --canary {canary}"));
+    for flag in flags {
+        command.push(' ');
+        command.push_str(flag);
     }
     command
 }

@@ -15,7 +15,7 @@ use std::time::Instant;
 use clap::Parser;
 use malachi_sim::{
     CLUSTER_FAULT_MS, Canary, ClusterCanary, ClusterOptions, DEFAULT_FAULT_MS, RunOptions,
-    RunOutcome, replay_command_of, run, run_cluster,
+    RunOutcome, run, run_cluster,
 };
 
 #[derive(Parser, Debug)]
@@ -75,23 +75,26 @@ fn main() -> ExitCode {
     }
     let canary = args.canary.as_deref().and_then(Canary::parse);
     let cluster_canary = args.canary.as_deref().and_then(ClusterCanary::parse);
+    // Each seed's run and the command that replays it, with every flag this one was given.
     let run_seed = |seed| {
         if args.cluster {
             let fault_ms = args.fault_ms.unwrap_or(CLUSTER_FAULT_MS);
-            run_cluster(&ClusterOptions {
+            let options = ClusterOptions {
                 seed,
                 fault_ms,
                 canary: cluster_canary,
                 replica_faults: args.replica_faults,
-            })
+            };
+            (run_cluster(&options), options.replay_command())
         } else {
             let fault_ms = args.fault_ms.unwrap_or(DEFAULT_FAULT_MS);
-            run(&RunOptions { seed, fault_ms, canary })
+            let options = RunOptions { seed, fault_ms, canary };
+            (run(&options), options.replay_command())
         }
     };
     if let Some(seed) = args.seed {
-        let outcome = run_seed(seed);
-        report(&outcome, args.cluster, args.canary.as_deref(), args.verbose);
+        let (outcome, replay) = run_seed(seed);
+        report(&outcome, &replay, args.verbose);
         if let Some(path) = &args.history {
             let saved = serde_json::json!({ "trace": outcome.trace, "events": outcome.history });
             if let Err(error) = std::fs::write(path, saved.to_string()) {
@@ -110,13 +113,13 @@ fn main() -> ExitCode {
         if deadline.is_some_and(|deadline| started.elapsed() >= deadline) {
             break;
         }
-        let outcome = run_seed(seed);
+        let (outcome, replay) = run_seed(seed);
         runs += 1;
         if !outcome.passed() {
             failures += 1;
-            report(&outcome, args.cluster, args.canary.as_deref(), true);
-        } else if args.verbose {
-            report(&outcome, args.cluster, args.canary.as_deref(), true);
+        }
+        if !outcome.passed() || args.verbose {
+            report(&outcome, &replay, true);
         }
     }
     let minutes = started.elapsed().as_secs_f64() / 60.0;
@@ -128,7 +131,7 @@ fn main() -> ExitCode {
     if failures == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-fn report(outcome: &RunOutcome, cluster: bool, canary: Option<&str>, verbose: bool) {
+fn report(outcome: &RunOutcome, replay: &str, verbose: bool) {
     let stats = &outcome.stats;
     let verdict = if outcome.passed() { "ok" } else { "FAILED" };
     println!(
@@ -157,6 +160,52 @@ fn report(outcome: &RunOutcome, cluster: bool, canary: Option<&str>, verbose: bo
         for finding in &outcome.findings {
             println!("  finding: {finding}");
         }
-        println!("  replay: {}", replay_command_of(cluster, outcome.seed, canary));
+        println!("  replay: {replay}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The words after `--` of a replay command, as the shell would pass them.
+    fn parsed(command: &str) -> Args {
+        let words = command.split_whitespace().skip_while(|word| *word != "--").skip(1);
+        Args::try_parse_from(std::iter::once("malachi-sim").chain(words)).expect(command)
+    }
+
+    /// A replay command parses back into the options it was printed from: a flag it dropped
+    /// would replay another run (as `--replica-faults` once was, replaying a passing one).
+    #[test]
+    fn a_replay_command_carries_every_flag_of_its_run() {
+        let cluster_runs = [
+            ClusterOptions::new(8_112_110),
+            ClusterOptions { replica_faults: true, ..ClusterOptions::new(8_112_110) },
+            ClusterOptions {
+                fault_ms: 30_000,
+                canary: Some(ClusterCanary::PromoteFollower),
+                replica_faults: true,
+                seed: 3,
+            },
+        ];
+        for options in cluster_runs {
+            let args = parsed(&options.replay_command());
+            assert!(args.cluster);
+            assert_eq!(args.seed, Some(options.seed));
+            assert_eq!(args.fault_ms.unwrap_or(CLUSTER_FAULT_MS), options.fault_ms);
+            assert_eq!(args.canary.as_deref().and_then(ClusterCanary::parse), options.canary);
+            assert_eq!(args.replica_faults, options.replica_faults);
+        }
+        let node_runs = [
+            RunOptions::new(28),
+            RunOptions { fault_ms: 1_000, canary: Some(Canary::CutDamage), seed: 7 },
+        ];
+        for options in node_runs {
+            let args = parsed(&options.replay_command());
+            assert!(!args.cluster && !args.replica_faults);
+            assert_eq!(args.seed, Some(options.seed));
+            assert_eq!(args.fault_ms.unwrap_or(DEFAULT_FAULT_MS), options.fault_ms);
+            assert_eq!(args.canary.as_deref().and_then(Canary::parse), options.canary);
+        }
     }
 }

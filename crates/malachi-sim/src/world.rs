@@ -57,6 +57,10 @@ impl Canary {
     pub fn parse(name: &str) -> Option<Canary> {
         Canary::ALL.iter().find(|(known, _)| *known == name).map(|(_, canary)| *canary)
     }
+
+    pub fn name(self) -> &'static str {
+        Canary::ALL.iter().find(|(_, known)| *known == self).expect("every canary is named").0
+    }
 }
 
 /// How the node goes down.
@@ -83,6 +87,18 @@ pub const DEFAULT_FAULT_MS: u64 = 8_000;
 impl RunOptions {
     pub fn new(seed: u64) -> RunOptions {
         RunOptions { seed, fault_ms: DEFAULT_FAULT_MS, canary: None }
+    }
+
+    /// The command that replays this run: every flag it was run with.
+    pub fn replay_command(&self) -> String {
+        let mut flags = vec![format!("--seed {}", self.seed)];
+        if self.fault_ms != DEFAULT_FAULT_MS {
+            flags.push(format!("--fault-ms {}", self.fault_ms));
+        }
+        if let Some(canary) = self.canary {
+            flags.push(format!("--canary {}", canary.name()));
+        }
+        crate::replay_command(&flags)
     }
 }
 

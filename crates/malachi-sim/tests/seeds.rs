@@ -2,8 +2,7 @@
 //! the commit under test, replay determinism, and the canaries that prove the checks bite.
 
 use malachi_sim::{
-    Canary, ClusterCanary, ClusterOptions, RunOptions, RunOutcome, replay_command,
-    replay_command_of, run, run_cluster,
+    Canary, ClusterCanary, ClusterOptions, RunOptions, RunOutcome, run, run_cluster,
 };
 
 /// Seeds that found bugs, kept as regressions (see docs/testing.md for what each found).
@@ -14,22 +13,23 @@ const FIXED_SEEDS: std::ops::Range<u64> = 0..12;
 /// Seeds derived from the commit hash, so each commit also explores somewhere new.
 const COMMIT_SEEDS: u64 = 6;
 
-fn fail_with(outcome: &RunOutcome, canary: Option<&str>) -> String {
+/// A failed run, with the command that replays it.
+fn failure(outcome: &RunOutcome, replay: &str) -> String {
     format!(
-        "seed {} failed: {:?}\n  swarm: {}\n  replay: {}",
+        "seed {} failed: {:?}\n  swarm: {}\n  replay: {replay}",
         outcome.seed,
         outcome.failure_names(),
         outcome.swarm,
-        replay_command(outcome.seed, canary)
     )
 }
 
 fn assert_seeds_pass(seeds: impl IntoIterator<Item = u64>) {
     let mut failures = Vec::new();
     for seed in seeds {
-        let outcome = run(&RunOptions::new(seed));
+        let options = RunOptions::new(seed);
+        let outcome = run(&options);
         if !outcome.passed() {
-            failures.push(fail_with(&outcome, None));
+            failures.push(failure(&outcome, &options.replay_command()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -63,23 +63,14 @@ fn commit_seeds_pass() {
     eprintln!("commit {commit}: seeds {seeds:?}");
     assert_seeds_pass(seeds.iter().copied());
     for &seed in &seeds[..COMMIT_CLUSTER_SEEDS] {
-        let outcome = run_cluster(&ClusterOptions::new(seed));
-        assert!(outcome.passed(), "{}", fail_with_cluster(&outcome));
+        let options = ClusterOptions::new(seed);
+        let outcome = run_cluster(&options);
+        assert!(outcome.passed(), "{}", failure(&outcome, &options.replay_command()));
     }
 }
 
 /// Of the commit's seeds, this many also run as clusters.
 const COMMIT_CLUSTER_SEEDS: usize = 2;
-
-fn fail_with_cluster(outcome: &RunOutcome) -> String {
-    format!(
-        "cluster seed {} failed: {:?}\n  swarm: {}\n  replay: {}",
-        outcome.seed,
-        outcome.failure_names(),
-        outcome.swarm,
-        replay_command_of(true, outcome.seed, None)
-    )
-}
 
 #[test]
 fn a_seed_replays_to_the_same_trace() {
@@ -147,9 +138,10 @@ const CLUSTER_REGRESSION_SEEDS: &[u64] = &[204, 264, 326, 1284, 2432, 20023, 217
 fn cluster_seeds_pass() {
     let mut failures = Vec::new();
     for seed in CLUSTER_SEEDS.chain(CLUSTER_REGRESSION_SEEDS.iter().copied()) {
-        let outcome = run_cluster(&ClusterOptions::new(seed));
+        let options = ClusterOptions::new(seed);
+        let outcome = run_cluster(&options);
         if !outcome.passed() {
-            failures.push(fail_with_cluster(&outcome));
+            failures.push(failure(&outcome, &options.replay_command()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -163,10 +155,10 @@ const REPLICA_FAULT_SEEDS: &[u64] = &[0, 1, 3, 8, 37, 41, 150, 151, 167, 170];
 fn replica_fault_seeds_pass() {
     let mut failures = Vec::new();
     for &seed in REPLICA_FAULT_SEEDS {
-        let outcome =
-            run_cluster(&ClusterOptions { replica_faults: true, ..ClusterOptions::new(seed) });
+        let options = ClusterOptions { replica_faults: true, ..ClusterOptions::new(seed) };
+        let outcome = run_cluster(&options);
         if !outcome.passed() {
-            failures.push(format!("{} --replica-faults", fail_with_cluster(&outcome)));
+            failures.push(failure(&outcome, &options.replay_command()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
