@@ -300,7 +300,7 @@ struct ClusterWorld {
     /// The broker whose disk is full now, by index, and until when.
     full_disk: Option<(usize, u64)>,
     /// Segments a copy of which the world damaged (one copy each, so intact ones remain).
-    damaged: std::collections::BTreeSet<u64>,
+    damaged: std::collections::BTreeSet<SegmentKey>,
     clients: Runtime,
     ctx: Arc<Ctx>,
     now_ms: u64,
@@ -556,7 +556,12 @@ impl ClusterWorld {
     }
 
     /// Flips a bit in, or cuts, one serving broker's copy of a sealed replicated segment of
-    /// a workload topic, one copy per segment at most: healing must find and rebuild it.
+    /// a workload topic, one copy per segment at most, and only where another copy holds every
+    /// sealed record (settled, or an unsettled copy that verifies that far): healing must find
+    /// the damage and rebuild it from the others. Without that peer the copy may be the only
+    /// one (seed 8112110: the primary's disk failed before its first sync, failover sealed on
+    /// the follower's copy alone, and damaging that copy lost the segment: a second failure,
+    /// which no replica set of two survives).
     fn damage_sealed_copy(&mut self) {
         let index = self.rng.below(self.swarm.nodes) as usize;
         let Some(broker) = self.nodes[index].broker() else { return };
@@ -565,10 +570,13 @@ impl ClusterWorld {
         let candidates: Vec<(SegmentKey, u64)> = sealed_segments(&broker)
             .into_iter()
             .filter(|sealed| {
-                sealed.replicas.len() > 1
-                    && sealed.replicas.contains(&node_id)
+                sealed.replicas.contains(&node_id)
+                    && sealed.replicas.iter().any(|&other| {
+                        other != node_id
+                            && (sealed.settled_on.contains(&other) || self.holds(other, sealed))
+                    })
                     && sealed.data_bytes > header_bytes
-                    && !self.damaged.contains(&sealed.key.segment_id)
+                    && !self.damaged.contains(&sealed.key)
             })
             .map(|sealed| (sealed.key, sealed.data_bytes))
             .collect();
@@ -586,7 +594,7 @@ impl ClusterWorld {
             ("flip", storage.flip_bit(&path, position, bit))
         };
         if done.is_ok() {
-            self.damaged.insert(key.segment_id);
+            self.damaged.insert(key);
             self.record(format!(
                 "damage: {what} node {node_id}'s copy of {}/{}/{} at byte {position}",
                 key.topic_id, key.range_id, key.segment_id
@@ -613,6 +621,14 @@ impl ClusterWorld {
             self.record("healing finished".into());
         }
         healed
+    }
+
+    /// Whether `node_id`'s copy of `sealed` holds every record of the seal, intact.
+    fn holds(&self, node_id: u64, sealed: &SealedSegment) -> bool {
+        let node = &self.nodes[node_id as usize - 1];
+        let dir = range_dir(&node.data_dir, sealed.key);
+        malachi_log::verify_segment(&node.storage, &dir, sealed.key.segment_id)
+            .is_ok_and(|report| report.bad_frames.is_empty() && report.records >= sealed.end_offset)
     }
 
     /// Settled copies of sealed replicated segments that do not verify as sealed at their
@@ -961,6 +977,8 @@ impl Unsettled {
 /// A sealed replicated segment of a workload topic, as one broker's metadata records it.
 struct SealedSegment {
     key: SegmentKey,
+    /// Records in the sealed segment (its offsets start at 0).
+    end_offset: u64,
     data_bytes: u64,
     replicas: Vec<u64>,
     settled_on: Vec<u64>,
@@ -973,10 +991,13 @@ fn sealed_segments(broker: &malachi_broker::node::Broker) -> Vec<SealedSegment> 
             let Some(topic) = meta.topic_by_name(name) else { return };
             for &range_id in topic.ranges.keys() {
                 for segment in meta.range_segments(topic.topic_id, range_id) {
-                    let Some((_, data_bytes)) = segment.sealed_length() else { continue };
+                    let Some((end_offset, data_bytes)) = segment.sealed_length() else {
+                        continue;
+                    };
                     let segment_id = segment.segment_id;
                     sealed.push(SealedSegment {
                         key: SegmentKey { topic_id: topic.topic_id, range_id, segment_id },
+                        end_offset,
                         data_bytes,
                         replicas: segment.replicas.clone(),
                         settled_on: segment.settled_on.clone(),

@@ -16,6 +16,7 @@ use malachi_client::{
     Client, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder, SegmentState,
 };
 use malachi_transport::gossip_seal::GossipSeal;
+use malachi_transport::pki::{ClusterCa, ClusterFiles, Credentials};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 
@@ -158,15 +159,24 @@ async fn start_cluster_with(
     count: usize,
     env: &[(&str, &str)],
 ) -> Vec<Member> {
+    let env: Vec<(String, String)> =
+        env.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
+    start_cluster_of(dir, count, |_| env.clone()).await
+}
+
+/// As [`start_cluster`], broker `i` (from 0) with the settings `env_of(i)` too.
+async fn start_cluster_of(
+    dir: &std::path::Path,
+    count: usize,
+    env_of: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<Member> {
     let cluster_ports: Vec<u16> = (0..count).map(|_| free_port()).collect();
     let mut members: Vec<Member> = (0..count)
         .map(|i| {
             let seed = (i > 0).then_some(cluster_ports[0]);
             let dir = dir.join(format!("n{}", i + 1));
             let mut member = Member::new(&dir, i as u64 + 1, cluster_ports[i], seed);
-            for (name, value) in env {
-                member.process.env.push((name.to_string(), value.to_string()));
-            }
+            member.process.env.extend(env_of(i));
             member
         })
         .collect();
@@ -520,6 +530,92 @@ async fn a_broker_without_the_token_cannot_join() {
     let status = admin.cluster_status().await.unwrap();
     assert_eq!(status.brokers.len(), 1, "{status:?}");
     assert!(first.process.log().contains("wrong cluster token"));
+}
+
+/// An operator's CA and node certificate files for broker `node_id` (from 1), under `dir`.
+fn provided_files(dir: &std::path::Path, node_id: u64) -> ClusterFiles {
+    let dir = dir.join(format!("pki{node_id}"));
+    ClusterFiles {
+        ca_cert: dir.join("ca.crt"),
+        ca_key: None,
+        node_cert: dir.join("node.crt"),
+        node_key: dir.join("node.key"),
+        token: None,
+    }
+}
+
+/// Writes broker `node_id`'s files: `trusted` CA certificates, a certificate from `issuer`.
+fn write_provided(files: &ClusterFiles, trusted: &[&ClusterCa], issuer: &ClusterCa, node_id: u64) {
+    let bundle = Credentials {
+        cert_pem: trusted.iter().map(|ca| ca.credentials.cert_pem.as_str()).collect(),
+        key_pem: String::new(),
+    };
+    files.write(&bundle, &issuer.issue(node_id).unwrap(), "").unwrap();
+}
+
+/// The inter-node certificates move to a new CA under produce load, with no restart, as
+/// docs/security.md ("Rotation") tells an operator to: the new CA joins every broker's CA file,
+/// each broker's certificate is replaced by one of the new CA, the old CA leaves every CA file.
+/// Producers see no failure meanwhile (connections already open keep their session). Then a
+/// broker is killed and restarted: it can present and accept only the new CA's certificates,
+/// and it rejoins, so the others serve and accept theirs. Every acknowledged record is read back
+/// through every broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inter_node_certificates_rotate_to_a_new_ca_under_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (ClusterCa::generate("old").unwrap(), ClusterCa::generate("new").unwrap());
+    let files: Vec<ClusterFiles> =
+        (1..=3).map(|node_id| provided_files(dir.path(), node_id)).collect();
+    for (node_id, files) in (1..).zip(&files) {
+        write_provided(files, &[&old], &old, node_id);
+    }
+    let mut members = start_cluster_of(dir.path(), 3, |i| {
+        let paths = [
+            ("MALACHI_CLUSTER_TLS_CACERTFILE", &files[i].ca_cert),
+            ("MALACHI_CLUSTER_TLS_CERTFILE", &files[i].node_cert),
+            ("MALACHI_CLUSTER_TLS_KEYFILE", &files[i].node_key),
+        ];
+        paths.iter().map(|(name, path)| (name.to_string(), path.display().to_string())).collect()
+    })
+    .await;
+    let admin = members[0].admin().await;
+    create_topic(&admin, "rotated", 4).await;
+    let addresses: Vec<String> = members.iter().map(|member| member.process.address()).collect();
+    let load = Load::start(&addresses, &["rotated"], 6, ADMIN_PASSWORD);
+    let acked_past = |count: usize| {
+        let load = &load;
+        async move {
+            let acked = load.acked_count();
+            if acked > count { Ok(()) } else { Err(format!("{acked} acknowledged")) }
+        }
+    };
+    eventually_within("the load is acknowledged", 30, || acked_past(200)).await;
+    let steps: [(&str, &[&ClusterCa], &ClusterCa); 3] = [
+        ("the new CA is trusted too", &[&old, &new], &old),
+        ("the certificates are the new CA's", &[&old, &new], &new),
+        ("the old CA is trusted no more", &[&new], &new),
+    ];
+    for (step, trusted, issuer) in steps {
+        for (node_id, files) in (1..).zip(&files) {
+            write_provided(files, trusted, issuer, node_id);
+        }
+        let acked = load.acked_count();
+        eventually_within(step, 30, || acked_past(acked + 200)).await;
+        assert_eq!(load.failure_count(), 0, "a produce failed once {step}");
+    }
+    members[2].kill();
+    members[2].start();
+    let mut clients = Vec::new();
+    for member in &members {
+        clients.push(member.admin().await);
+    }
+    common::cluster_ready(&clients, &[1, 2, 3]).await;
+    let acked = load.acked_count();
+    eventually_within("the load goes on", 30, || acked_past(acked + 200)).await;
+    let (acked, _) = load.stop().await;
+    for client in &clients {
+        assert_read_back(client, &["rotated"], &acked).await;
+    }
 }
 
 /// A SWIM announce as foca's codec lays it out (docs/cluster.md): `broker_id` at `from`, with

@@ -3,7 +3,7 @@
 //! back afterwards, each key in order.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,8 @@ pub type Acked = BTreeMap<String, Vec<u64>>;
 pub struct Load {
     acked: Arc<Mutex<Acked>>,
     acked_at: Arc<Mutex<Vec<Instant>>>,
+    /// Produce calls that failed (each retried as a new batch after a reconnect).
+    failures: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     producers: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -28,6 +30,7 @@ impl Load {
     pub fn start(addresses: &[String], topics: &[&str], count: usize, password: &str) -> Load {
         let acked: Arc<Mutex<Acked>> = Arc::default();
         let acked_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        let failures: Arc<AtomicUsize> = Arc::default();
         let stop: Arc<AtomicBool> = Arc::default();
         let producers = (0..count)
             .map(|producer| {
@@ -35,6 +38,7 @@ impl Load {
                 let topic = topics[producer % topics.len()].to_string();
                 let password = password.to_string();
                 let (acked, acked_at) = (Arc::clone(&acked), Arc::clone(&acked_at));
+                let failures = Arc::clone(&failures);
                 let stop = Arc::clone(&stop);
                 tokio::spawn(async move {
                     let connect = || super::connect_to(&address, "admin", &password);
@@ -60,6 +64,7 @@ impl Load {
                                 acked_at.lock().unwrap().push(Instant::now());
                             }
                             Err(_) => {
+                                failures.fetch_add(1, Ordering::Relaxed);
                                 tokio::time::sleep(Duration::from_millis(50)).await;
                                 if let Ok(fresh) = connect().await {
                                     client = fresh;
@@ -70,12 +75,17 @@ impl Load {
                 })
             })
             .collect();
-        Load { acked, acked_at, stop, producers }
+        Load { acked, acked_at, failures, stop, producers }
     }
 
     /// Records acknowledged so far.
     pub fn acked_count(&self) -> usize {
         self.acked.lock().unwrap().values().map(Vec::len).sum()
+    }
+
+    /// Produce calls that have failed so far.
+    pub fn failure_count(&self) -> usize {
+        self.failures.load(Ordering::Relaxed)
     }
 
     /// Stops the producers; what each key had acknowledged, and when every acknowledgement
