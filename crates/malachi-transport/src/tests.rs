@@ -633,3 +633,96 @@ async fn a_connection_has_a_bounded_number_of_calls_in_handling() {
     }
     assert_eq!(gate.held(), calls);
 }
+
+/// Answers every call with `ANSWER_BYTES` bytes, counting the calls it has answered.
+struct Large {
+    answered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+const ANSWER_BYTES: usize = 1 << 20;
+
+impl Handler for Large {
+    fn handle(&self, _caller: Caller, _request: Request) -> HandlerFuture {
+        let answered = Arc::clone(&self.answered);
+        Box::pin(async move {
+            answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(vec![7u8; ANSWER_BYTES])
+        })
+    }
+}
+
+/// A peer that sends many calls for large answers and reads none of them (the issue 23 attack:
+/// 40 reads of a whole head, answers never read, took a broker from 59 to 467 MiB) gets at most
+/// the answer budget queued and a bounded number of handlers run: then the connection stops
+/// reading its calls. Every call is still answered once the peer reads.
+#[tokio::test(start_paused = true)]
+async fn answers_a_peer_does_not_read_are_bounded_by_bytes() {
+    let server = insecure(2, CLUSTER);
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    server.set_handler(Arc::new(Large { answered: Arc::clone(&answered) }));
+    let (mut near, far) = tokio::io::duplex(1 << 16);
+    let serving = tokio::spawn(async move { server.serve_stream(Box::new(far)).await });
+    let hello = Hello { versions: frame::VERSIONS, node_id: 1, cluster_id: CLUSTER.into() };
+    near.write_all(&frame::encode_hello(&hello)).await.unwrap();
+    read_hello_answer(&mut near, "peer").await.unwrap();
+    let calls = 400u64;
+    for id in 0..calls {
+        let frame = Frame::Request { id, request: request(0, 0, b"all of it") };
+        near.write_all(&frame::encode_frame(&frame)).await.unwrap();
+    }
+    // With the clock paused, this sleep ends only once every other task waits: the server has
+    // done all it will do while its answers go unread.
+    tokio::time::sleep(SECOND).await;
+    let queued_max = ANSWER_QUEUE_BYTES_MAX / ANSWER_BYTES;
+    // Beyond the budget: the answers in the handlers waiting for it, one in the writer's hands
+    // and one in the pipe.
+    let bound = queued_max + HANDLERS_PER_CONNECTION_MAX + 2;
+    let held = answered.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(held >= queued_max, "the budget was not used: {held} answered");
+    assert!(held <= bound, "{held} answers made for a peer that reads none (bound {bound})");
+    assert!(!serving.is_finished());
+    // The peer reads: every call is answered, in full.
+    for _ in 0..calls {
+        let frame = read_frame(&mut near, frame::FRAME_BYTES_MAX).await.unwrap();
+        assert!(
+            matches!(&frame, Frame::Answer { payload, .. } if payload.len() == ANSWER_BYTES),
+            "not a full answer"
+        );
+    }
+    assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), calls as usize);
+}
+
+/// Connections beyond the inbound cap are closed as they are accepted, before a byte is read,
+/// and a peer is served again once a connection leaves. The cap is lowered to 3 here (by
+/// forgetting the other permits) so the test does not need 512 sockets.
+#[tokio::test]
+async fn inbound_connections_beyond_the_cap_are_closed_until_one_leaves() {
+    let (server, address, _task) = listening(2, CLUSTER).await;
+    let cap = 3;
+    server.inner.inbound.forget_permits(INBOUND_CONNECTIONS_MAX - cap);
+    // Connections that never say hello hold every slot.
+    let mut silent = Vec::new();
+    for _ in 0..cap {
+        silent.push(TcpStream::connect(&address).await.unwrap());
+    }
+    let mut waited = 0;
+    while server.inner.inbound.available_permits() > 0 {
+        waited += 1;
+        assert!(waited < 500, "the server never accepted the silent connections");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let client = insecure(1, CLUSTER);
+    client.set_address(2, &address);
+    let error = client.call(2, request(0, 0, b"one more"), SECOND).await.unwrap_err();
+    assert!(matches!(error, CallError::Lost { .. } | CallError::Unreachable { .. }), "{error:?}");
+    drop(silent.pop());
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match client.call(2, request(0, 0, b"later"), SECOND).await {
+            Ok(answer) => break assert_eq!(answer, b"m1:0:later"),
+            Err(error) => assert!(attempts < 100, "never served again: {error:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
