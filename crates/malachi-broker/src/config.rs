@@ -117,6 +117,13 @@ pub struct ClusterConfig {
     /// How long a broker holding a replica of a sealed segment may be dead before healing
     /// moves the replica to another broker (`MALACHI_REPLICA_REPLACE_AFTER_MS`, ours).
     pub replica_replace_after_ms: u64,
+    /// Bytes of one span a primary reads from its file for a follower catching up
+    /// (`MALACHI_REPLICATION_CATCH_UP_BYTES`, ours; at least one record is read).
+    pub replication_catch_up_bytes: u64,
+    /// Bytes of batches a primary holds in memory per segment for followers that lack them
+    /// (`MALACHI_REPLICATION_HELD_BYTES_MAX`, ours): past it a slow follower is shipped from
+    /// the file.
+    pub replication_held_bytes_max: u64,
     /// The integrity scrub of sealed copies (`MALACHI_SCRUB_ENABLED`, `_INTERVAL_MS`,
     /// `_SEGMENTS_PER_TICK`).
     pub scrub: ScrubConfig,
@@ -321,7 +328,7 @@ impl BrokerConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let checks: [(&str, bool, String); 6] = [
+        let checks: [(&str, bool, String); 7] = [
             (
                 "MALACHI_SEGMENT_MAX_AGE_MS",
                 self.segment_max_age_ms >= SEGMENT_MAX_AGE_MS_MIN,
@@ -353,6 +360,11 @@ impl BrokerConfig {
                 "MALACHI_MAX_OPEN_SEGMENTS",
                 self.max_open_segments >= 16,
                 "must be at least 16".into(),
+            ),
+            (
+                "MALACHI_REPLICATION_CATCH_UP_BYTES",
+                self.cluster.replication_catch_up_bytes >= 1,
+                "must be at least 1".into(),
             ),
         ];
         for (name, ok, problem) in checks {
@@ -433,6 +445,8 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         placement: placement_constraints(sources)?,
         replication_timeout_ms: sources.number("REPLICATION_TIMEOUT_MS", 5_000)?,
         replica_replace_after_ms: sources.number("REPLICA_REPLACE_AFTER_MS", 60_000)?,
+        replication_catch_up_bytes: sources.number("REPLICATION_CATCH_UP_BYTES", 4 << 20)?,
+        replication_held_bytes_max: sources.number("REPLICATION_HELD_BYTES_MAX", 64 << 20)?,
         scrub: ScrubConfig {
             enabled: sources.flag("SCRUB_ENABLED", true)?,
             interval_ms: sources.number("SCRUB_INTERVAL_MS", 60_000)?,

@@ -98,6 +98,9 @@ pub struct Canaries {
     pub promote_follower: bool,
     /// Failover seals with whatever copies answer, even fewer than `n - q + 1`.
     pub seal_without_enough_answers: bool,
+    /// A replication span answered short of its end stays in flight for good and the follower
+    /// is shipped nothing more (the wedge issue 25 fixed).
+    pub short_answer_wedges: bool,
 }
 
 impl NodeDeps {

@@ -43,8 +43,6 @@ const GAP_WAIT_MS: u64 = 200;
 const RETRY_MS: u64 = 200;
 /// Records in one span shipped from the file.
 const CATCH_UP_RECORDS_MAX: u64 = 4_096;
-/// Bytes in one span shipped from the file (about).
-const CATCH_UP_BYTES_MAX: u64 = 4 << 20;
 
 /// What the produces waiting on a head learn.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -298,8 +296,16 @@ impl Broker {
         ReplicationConfig {
             quorum_wait_ms: self.config.cluster.replication_timeout_ms,
             catch_up_records_max: CATCH_UP_RECORDS_MAX,
+            held_bytes_max: self.config.cluster.replication_held_bytes_max,
+            canary_short_answer_wedges: self.canaries.short_answer_wedges,
             ..ReplicationConfig::default()
         }
+    }
+
+    /// Records staged on this broker's heads that each follower has yet to make durable,
+    /// summed over the heads (the simulator's check that followers catch up).
+    pub fn follower_lag(&self) -> BTreeMap<u64, u64> {
+        self.replication.lag_by_follower()
     }
 
     /// Called when this broker opened `key`'s file that an earlier process wrote: a head it
@@ -484,7 +490,7 @@ impl Broker {
         self.execute(&head, actions);
     }
 
-    /// Records `[start, end)` of this broker's copy, as many as [`CATCH_UP_BYTES_MAX`] holds
+    /// Records `[start, end)` of this broker's copy, as many as `MALACHI_REPLICATION_CATCH_UP_BYTES` holds
     /// (at least one): the follower answers a span cut short with its new end, and the machine
     /// ships on from there. A copy that cannot be read, or holds nothing at `start`, fails the
     /// span (retried after a pause), rather than shipping nothing and having the follower
@@ -497,7 +503,8 @@ impl Broker {
     ) -> Result<Vec<Record>, LogError> {
         let segment = self.segment(key).await?;
         let wanted = u32::try_from(end - start).unwrap_or(u32::MAX);
-        match self.data.read(segment, start, wanted, CATCH_UP_BYTES_MAX).await {
+        let bytes_max = self.config.cluster.replication_catch_up_bytes;
+        match self.data.read(segment, start, wanted, bytes_max).await {
             Ok(batch) if batch.records.is_empty() => {
                 tracing::warn!(
                     ?key,

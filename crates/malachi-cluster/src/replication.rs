@@ -46,6 +46,9 @@ pub struct ReplicationConfig {
     /// follower in reach still lacks them (a slow one that still answers): it is shipped them
     /// from the file instead, so no follower pins a whole segment in the primary's memory.
     pub held_bytes_max: u64,
+    /// Canary (a deliberate bug, for the simulator to catch): a span answered short of its
+    /// end stays in flight, as before issue 25's fix, and the follower is shipped nothing more.
+    pub canary_short_answer_wedges: bool,
 }
 
 impl Default for ReplicationConfig {
@@ -56,6 +59,7 @@ impl Default for ReplicationConfig {
             quorum_wait_ms: 2_000,
             catch_up_records_max: 4_096,
             held_bytes_max: 64 << 20,
+            canary_short_answer_wedges: false,
         }
     }
 }
@@ -258,7 +262,8 @@ impl Primary {
         // start past that end and are refused, which ships it again from there. Before this,
         // the span stayed in flight for good and, as nothing follows a span from the file, the
         // follower was shipped nothing more: the segment ran on one copy fewer.
-        if state.in_flight.front().is_some_and(|span| span.start < end && end < span.end) {
+        let short = state.in_flight.front().is_some_and(|span| span.start < end && end < span.end);
+        if short && !self.config.canary_short_answer_wedges {
             let span = state.in_flight.pop_front().expect("front exists");
             state.in_flight_bytes -= span.bytes;
             if state.in_flight.is_empty() {
@@ -446,7 +451,11 @@ impl Primary {
             // durable, so an answer inside the first one is a short answer, never a stale one.
             let mut expected_start =
                 state.in_flight.front().map_or(state.durable, |span| span.start);
-            assert!(expected_start >= state.durable, "{node} shipped below its durable end");
+            // (The canary keeps a span answered short in flight, below the end it answered.)
+            assert!(
+                expected_start >= state.durable || self.config.canary_short_answer_wedges,
+                "{node} shipped below its durable end"
+            );
             for span in &state.in_flight {
                 assert_eq!(span.start, expected_start, "{node}'s spans in flight have a gap");
                 expected_start = span.end;

@@ -207,6 +207,23 @@ fn the_seal_few_answers_canary_is_caught() {
     assert_cluster_canary_caught(ClusterCanary::SealWithoutEnoughAnswers, [33, 39]);
 }
 
+/// A primary that stops shipping to a follower after a span answered short (the wedge of issue
+/// 25) is caught once every fault healed: the follower, in reach, never catches up
+/// (`FollowersBehind`). Seeds 0, 1 and 3 of 0-3 catch it.
+#[test]
+fn the_short_answer_wedge_canary_is_caught() {
+    let canary = Some(ClusterCanary::ShortAnswerWedges);
+    for seed in 0..CANARY_SEEDS {
+        let outcome = run_cluster(&ClusterOptions { canary, ..ClusterOptions::new(seed) });
+        let names = outcome.failure_names();
+        if names.iter().any(|name| name.starts_with("FollowersBehind")) {
+            eprintln!("short-answer-wedge caught by seed {seed}: {names:?}");
+            return;
+        }
+    }
+    panic!("the short-answer-wedge canary went unnoticed for {CANARY_SEEDS} seeds");
+}
+
 /// A coordinator that keeps acting after it lost the vnode's leadership is caught: the
 /// metadata's term fence counts its stale commands (a seed may also trip other checks first:
 /// the ranges such a coordinator holds back can stop taking writes).

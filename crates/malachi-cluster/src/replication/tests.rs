@@ -13,6 +13,7 @@ fn config() -> ReplicationConfig {
         quorum_wait_ms: 100,
         catch_up_records_max: 4,
         held_bytes_max: 10_000,
+        canary_short_answer_wedges: false,
     }
 }
 
@@ -222,6 +223,24 @@ fn a_span_answered_short_is_shipped_on_from_the_followers_end() {
         assert_eq!(ships(&primary.take_actions()), expected, "answer {answer}");
     }
     assert_eq!(primary.follower_lag().collect::<Vec<_>>(), [(2, 0), (3, 0)]);
+}
+
+/// The canary the simulator must catch keeps the old behaviour: after a short answer the
+/// follower is shipped nothing more and stays behind.
+#[test]
+fn the_short_answer_canary_wedges_the_follower() {
+    let canary = ReplicationConfig { canary_short_answer_wedges: true, ..config() };
+    let mut primary = Primary::new(&[2, 3], 0, canary);
+    primary.follower_unreachable(3, 0);
+    primary.staged(0, 10, 20, 0);
+    primary.local_durable(10);
+    primary.follower_durable(2, 10);
+    primary.take_actions();
+    primary.retry_follower(3);
+    assert_eq!(ships(&primary.take_actions()), [(3, 0, 4)]);
+    primary.follower_durable(3, 2);
+    assert_eq!(ships(&primary.take_actions()), []);
+    assert_eq!(primary.follower_lag().collect::<Vec<_>>(), [(2, 0), (3, 8)]);
 }
 
 /// Pipelined spans from memory, the first answered short: the span behind it is refused (it
