@@ -93,7 +93,7 @@ const CANARY_SEEDS: u64 = 6;
 const CAUGHT_BY: &[&str] = &["LostWrite", "MissingDrain"];
 
 fn assert_canary_caught(canary: Canary) {
-    let name = Canary::ALL.iter().find(|(_, known)| *known == canary).expect("named").0;
+    let name = canary.name();
     for seed in 0..CANARY_SEEDS {
         let outcome = run(&RunOptions { canary: Some(canary), ..RunOptions::new(seed) });
         if outcome.failure_names().iter().any(|found| CAUGHT_BY.contains(&found.as_str())) {
@@ -176,12 +176,22 @@ fn a_cluster_seed_replays_to_the_same_trace() {
 /// A replication canary is caught when an acknowledged record goes missing: the seal point
 /// it picks drops records a quorum acknowledged. `seeds` are tried in turn.
 fn assert_cluster_canary_caught(canary: ClusterCanary, seeds: impl IntoIterator<Item = u64>) {
-    let name = ClusterCanary::ALL.iter().find(|(_, known)| *known == canary).expect("named").0;
+    assert_cluster_canary_caught_by(canary, seeds, CAUGHT_BY);
+}
+
+/// `canary` is caught by one of `seeds`: a run fails with a violation or finding whose name
+/// starts with one of `caught_by`.
+fn assert_cluster_canary_caught_by(
+    canary: ClusterCanary,
+    seeds: impl IntoIterator<Item = u64>,
+    caught_by: &[&str],
+) {
+    let name = canary.name();
     for seed in seeds {
         let outcome =
             run_cluster(&ClusterOptions { canary: Some(canary), ..ClusterOptions::new(seed) });
         let names = outcome.failure_names();
-        if names.iter().any(|found| CAUGHT_BY.contains(&found.as_str())) {
+        if names.iter().any(|found| caught_by.iter().any(|caught| found.starts_with(caught))) {
             eprintln!("{name} caught by cluster seed {seed}: {names:?}");
             return;
         }
@@ -212,16 +222,8 @@ fn the_seal_few_answers_canary_is_caught() {
 /// (`FollowersBehind`). Seeds 0, 1 and 3 of 0-3 catch it.
 #[test]
 fn the_short_answer_wedge_canary_is_caught() {
-    let canary = Some(ClusterCanary::ShortAnswerWedges);
-    for seed in 0..CANARY_SEEDS {
-        let outcome = run_cluster(&ClusterOptions { canary, ..ClusterOptions::new(seed) });
-        let names = outcome.failure_names();
-        if names.iter().any(|name| name.starts_with("FollowersBehind")) {
-            eprintln!("short-answer-wedge caught by seed {seed}: {names:?}");
-            return;
-        }
-    }
-    panic!("the short-answer-wedge canary went unnoticed for {CANARY_SEEDS} seeds");
+    let canary = ClusterCanary::ShortAnswerWedges;
+    assert_cluster_canary_caught_by(canary, 0..CANARY_SEEDS, &["FollowersBehind"]);
 }
 
 /// A coordinator that keeps acting after it lost the vnode's leadership is caught: the
@@ -229,14 +231,6 @@ fn the_short_answer_wedge_canary_is_caught() {
 /// the ranges such a coordinator holds back can stop taking writes).
 #[test]
 fn the_coordinate_deposed_canary_is_caught() {
-    let canary = Some(ClusterCanary::CoordinateDeposed);
-    for seed in 0..CANARY_SEEDS {
-        let outcome = run_cluster(&ClusterOptions { canary, ..ClusterOptions::new(seed) });
-        let names = outcome.failure_names();
-        if names.iter().any(|name| name.starts_with("StaleCoordinator")) {
-            eprintln!("coordinate-deposed caught by seed {seed}: {names:?}");
-            return;
-        }
-    }
-    panic!("the coordinate-deposed canary went unnoticed for {CANARY_SEEDS} seeds");
+    let canary = ClusterCanary::CoordinateDeposed;
+    assert_cluster_canary_caught_by(canary, 0..CANARY_SEEDS, &["StaleCoordinator"]);
 }
