@@ -633,6 +633,9 @@ pub(super) mod tests {
         assert_eq!((config.auth_rate_limit, config.auth_rate_window_ms), (10, 60_000));
         assert_eq!(config.retention_max_age_ms, None);
         assert!(config.attributes.is_empty());
+        let replication =
+            (config.cluster.replication_catch_up_bytes, config.cluster.replication_held_bytes_max);
+        assert_eq!(replication, (4 << 20, 64 << 20));
         let zoned = load(&[], &[("MALACHI_LOG_ATTRIBUTES", "rack=a,zone=eu-1")], &[]).unwrap();
         let zone = zoned.attributes.get("zone").map(String::as_str);
         assert_eq!((zoned.attributes.len(), zone), (2, Some("eu-1")));
@@ -730,6 +733,10 @@ pub(super) mod tests {
             (
                 ("MALACHI_LOG_ATTRIBUTES", "rack"),
                 "MALACHI_LOG_ATTRIBUTES: attribute \"rack\" is not name=value",
+            ),
+            (
+                ("MALACHI_REPLICATION_CATCH_UP_BYTES", "0"),
+                "MALACHI_REPLICATION_CATCH_UP_BYTES: must be at least 1",
             ),
         ];
         for ((name, value), expected) in cases {

@@ -490,8 +490,8 @@ impl Broker {
         self.execute(&head, actions);
     }
 
-    /// Records `[start, end)` of this broker's copy, as many as `MALACHI_REPLICATION_CATCH_UP_BYTES` holds
-    /// (at least one): the follower answers a span cut short with its new end, and the machine
+    /// Records `[start, end)` of this broker's copy, as many as
+    /// `MALACHI_REPLICATION_CATCH_UP_BYTES` holds (at least one): the follower answers a span cut short with its new end, and the machine
     /// ships on from there. A copy that cannot be read, or holds nothing at `start`, fails the
     /// span (retried after a pause), rather than shipping nothing and having the follower
     /// answer an end that moves nothing.
