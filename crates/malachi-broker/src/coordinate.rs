@@ -47,6 +47,7 @@ impl Broker {
     pub async fn coordinate_once(&self) {
         self.roll_by_age().await;
         self.roll_heads_without_replication();
+        self.tend_heads();
         self.report_load().await;
         for vnode in self.ring.iter() {
             let Some(term) = self.observe_leadership(vnode) else { continue };
@@ -95,6 +96,25 @@ impl Broker {
         });
         for (topic_id, range_id) in stateless {
             self.request_roll(topic_id, range_id);
+        }
+    }
+
+    /// Tends the replication heads held here. One that metadata holds closed (sealed by
+    /// failover on another broker while this one was cut off, or its topic deleted) is
+    /// forgotten: nothing appends to it any more, and its followers, who hold it sealed or
+    /// not at all, would otherwise be shipped to for good. One a quorum refused is asked to
+    /// roll again: the roll asked when it was refused may have failed (its followers were
+    /// failing too), and once they return no producer asks, since none writes to a head that
+    /// refuses appends; until it is sealed its range takes no writes.
+    fn tend_heads(&self) {
+        for (key, refused) in self.replication.heads_refused() {
+            let closed = self.read_meta(key.topic_id, |meta| meta.segment_closed(key.segment_id));
+            if closed {
+                tracing::debug!(?key, "a head held here was sealed elsewhere: forgetting it");
+                self.replication.forget(key);
+            } else if refused {
+                self.request_roll(key.topic_id, key.range_id);
+            }
         }
     }
 

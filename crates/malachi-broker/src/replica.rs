@@ -186,6 +186,13 @@ impl Replication {
         self.heads.lock().expect("heads lock poisoned").get(&key).cloned()
     }
 
+    /// Every head held here, and whether a quorum refused it (it takes no appends until
+    /// failover seals it).
+    pub(crate) fn heads_refused(&self) -> Vec<(SegmentKey, bool)> {
+        let heads = self.heads.lock().expect("heads lock poisoned");
+        heads.values().map(|head| (head.key, head.acked().refused_from.is_some())).collect()
+    }
+
     /// Records staged on this broker's heads that each follower has yet to make durable,
     /// summed over the heads.
     pub(crate) fn lag_by_follower(&self) -> BTreeMap<u64, u64> {

@@ -163,6 +163,16 @@ impl MetaState {
         self.segments.get(&segment_id)
     }
 
+    /// Whether segment `segment_id` is known to take no more appends: sealed, or allocated here
+    /// and since dropped (its topic deleted, or expired). A segment this state has not heard of
+    /// yet (a replica of the group that lags) is not.
+    pub fn segment_closed(&self, segment_id: u64) -> bool {
+        match self.segments.get(&segment_id) {
+            Some(segment) => !matches!(segment.state, SegmentState::Active),
+            None => segment_id < self.next_segment_id,
+        }
+    }
+
     /// The retained segments of a range, oldest first (empty when the range is unknown).
     pub fn range_segments(&self, topic_id: u64, range_id: u32) -> Vec<&Segment> {
         let Some(range) = self.topic(topic_id).and_then(|topic| topic.ranges.get(&range_id)) else {

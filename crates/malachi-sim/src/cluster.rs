@@ -431,11 +431,7 @@ impl ClusterWorld {
             return;
         }
         self.final_produce(ORDERS);
-        // Not yet with the replication faults: seeds 8200015 and 8200127 of that mode leave a
-        // follower behind after the heal, not yet explained (docs/testing.md).
-        if !self.options.replica_faults {
-            self.wait_for_followers();
-        }
+        self.wait_for_followers();
         let healed = self.options.replica_faults && self.wait_for_healing();
         for topic in [ORDERS, EVENTS] {
             self.final_drain(topic);

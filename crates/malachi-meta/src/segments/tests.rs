@@ -140,3 +140,28 @@ fn roll_due_table() {
     assert!(!state.roll_due(1, 0, u64::MAX, u64::MAX, &defaults), "a sealed range never rolls");
     assert!(!state.roll_due(1, 1, 0, NOW_MS - 1, &defaults), "a clock behind creation is age 0");
 }
+
+/// A head is closed once sealed or dropped with its topic; a segment id this state has not
+/// allocated yet (a lagging replica of the group) is not, so its broker keeps it.
+#[test]
+fn segment_closed_covers_sealed_and_dropped_segments_only() {
+    let (mut state, topic_id) = with_topic("orders", None);
+    let first = state.range_segments(topic_id, 0)[0].segment_id;
+    assert!(!state.segment_closed(first), "an active head is open");
+    let command = roll(&state, topic_id, 0, 5, NOW_MS + 1);
+    apply_ok(&mut state, command);
+    let second =
+        state.topic(topic_id).expect("topic").ranges[&0].active_segment_id().expect("head");
+    let unheard = second + 1;
+    let cases = [
+        (first, true, "sealed by the roll"),
+        (second, false, "the new head"),
+        (unheard, false, "not allocated yet"),
+    ];
+    for (segment_id, closed, why) in cases {
+        assert_eq!(state.segment_closed(segment_id), closed, "{why}");
+    }
+    apply_ok(&mut state, MetaCommand::DeleteTopic { name: "orders".into() });
+    assert!(state.segment_closed(second), "a head dropped with its topic is closed");
+    assert!(!state.segment_closed(unheard), "still not allocated");
+}
