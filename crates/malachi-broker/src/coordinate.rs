@@ -23,6 +23,8 @@ use crate::vnodes::Vnode;
 
 /// A holder asks the leader for a roll of the same range at most this often.
 const ROLL_ASK_MS: u64 = 1_000;
+/// A head placed on too few brokers is rolled onto more once it is this old.
+const HEAD_GROW_AFTER_MS: u64 = 1_000;
 /// How long a call to the leader may take (a forwarded reshape seals and proposes).
 const LEADER_CALL_MS: u64 = 30_000;
 
@@ -52,6 +54,7 @@ impl Broker {
         for vnode in self.ring.iter() {
             let Some(term) = self.observe_leadership(vnode) else { continue };
             self.roll_heads_of_dead_primaries(vnode);
+            self.roll_heads_below_replication(vnode);
             self.heal_vnode(vnode, term).await;
             let now_ms = self.clock.now_ms();
             let policies = self.policy_definitions();
@@ -138,6 +141,37 @@ impl Broker {
         });
         for (topic_id, range_id) in orphaned {
             tracing::info!(topic_id, range_id, "the primary of a head is dead: rolling it");
+            self.request_roll(topic_id, range_id);
+        }
+    }
+
+    /// Rolls the heads of `vnode` placed on fewer brokers than they should have (brokers were
+    /// down when they were created) once more brokers can take a replica: the next head is
+    /// placed on as many as are live, and healing adds the missing replicas to the sealed one.
+    /// A head younger than `HEAD_GROW_AFTER_MS` is left to take its first writes, so a broker
+    /// that flaps does not roll every head it comes back to.
+    fn roll_heads_below_replication(&self, vnode: &Vnode) {
+        let placeable = self.replicas_wanted().min(self.placement_candidates().len());
+        let now_ms = self.clock.now_ms();
+        let short: Vec<(u64, u32)> = vnode.group.read(|meta| {
+            meta.0
+                .topics()
+                .flat_map(|topic| topic.active_ranges().map(move |range| (topic, range)))
+                .filter_map(|(topic, range)| {
+                    let segment = meta.0.segment(range.active_segment_id()?)?;
+                    let short = segment.replicas.len() < placeable
+                        && now_ms >= segment.created_ms.saturating_add(HEAD_GROW_AFTER_MS);
+                    short.then_some((topic.topic_id, range.range_id))
+                })
+                .collect()
+        });
+        for (topic_id, range_id) in short {
+            tracing::info!(
+                topic_id,
+                range_id,
+                placeable,
+                "a head has too few replicas: rolling it"
+            );
             self.request_roll(topic_id, range_id);
         }
     }

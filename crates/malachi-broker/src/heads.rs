@@ -344,10 +344,36 @@ impl Broker {
         topic_id: Option<u64>,
         object: &[u8],
     ) -> Result<Vec<u64>, LogError> {
+        let live = self.placement_candidates();
+        let wanted = self.replicas_wanted();
+        let fewest = replicas_fewest(wanted);
+        if live.len() < fewest {
+            return Err(LogError::NoQuorum(format!(
+                "a new segment needs {fewest} of its {wanted} replicas on live brokers, {} are live",
+                live.len()
+            )));
+        }
+        let replicas = wanted.min(live.len());
+        let constraints = self.placement_constraints(topic_id);
+        let placement = placement::place(object, replicas, &live, &[], &constraints)
+            .map_err(|error| LogError::PlacementUnmet(error.to_string()))?;
+        Ok(placement.brokers)
+    }
+
+    /// How many replicas a segment should have: the replication factor, or fewer in a cluster
+    /// of fewer brokers that take new work.
+    pub(crate) fn replicas_wanted(&self) -> usize {
         let view = self.cluster_view();
         let members =
             view.brokers.iter().filter(|broker| self.takes_new_work(broker.record.node_id)).count();
-        let mut live: Vec<Candidate> = view
+        self.config.cluster.replication_factor.min(members.max(1))
+    }
+
+    /// The brokers a new replica may go to now: alive, taking new work, and not found out of
+    /// reach a moment ago (this broker alone before its first registration).
+    pub(crate) fn placement_candidates(&self) -> Vec<Candidate> {
+        let mut live: Vec<Candidate> = self
+            .cluster_view()
             .brokers
             .into_iter()
             .filter(|broker| {
@@ -368,19 +394,7 @@ impl Broker {
                 attributes: self.config.attributes.clone(),
             });
         }
-        let wanted = self.config.cluster.replication_factor.min(members.max(1));
-        let fewest = replicas_fewest(wanted);
-        if live.len() < fewest {
-            return Err(LogError::NoQuorum(format!(
-                "a new segment needs {fewest} of its {wanted} replicas on live brokers, {} are live",
-                live.len()
-            )));
-        }
-        let replicas = wanted.min(live.len());
-        let constraints = self.placement_constraints(topic_id);
-        let placement = placement::place(object, replicas, &live, &[], &constraints)
-            .map_err(|error| LogError::PlacementUnmet(error.to_string()))?;
-        Ok(placement.brokers)
+        live
     }
 
     /// The placement constraints of `topic_id`'s segments: the cluster's

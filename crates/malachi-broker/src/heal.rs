@@ -52,6 +52,11 @@ struct Unsettled {
     settled_on: Vec<u64>,
     /// Replicas on their way out: a move to another broker is under way.
     moving_off: Vec<u64>,
+    /// Brokers whose dropped copies are not reclaimed yet: no candidates for a new replica.
+    dropped: Vec<u64>,
+    /// Fewer replicas stay than the segment should have (placed while brokers were down):
+    /// one is added once a settled copy exists and a broker can take it.
+    short: bool,
 }
 
 impl Unsettled {
@@ -83,6 +88,7 @@ impl Broker {
     /// after the last one looked at.
     fn unsettled_segments(&self, vnode: &Vnode) -> Vec<Unsettled> {
         let after = self.heal_cursor(vnode.vnode_id());
+        let wanted = self.replicas_wanted();
         let found: Vec<Unsettled> = vnode.group.read(|meta| {
             let unsettled = meta
                 .0
@@ -93,8 +99,10 @@ impl Broker {
                     let segment = meta.0.segment(segment_id)?;
                     let (end_offset, data_bytes) = segment.sealed_length()?;
                     let whole = segment.replicas.iter().all(|r| segment.settled_on.contains(r));
-                    let lost = segment.staying_replicas().into_iter().any(|r| self.replica_lost(r));
-                    (segment.replicas.len() > 1 && (!whole || lost)).then(|| Unsettled {
+                    let staying = segment.staying_replicas();
+                    let lost = staying.iter().any(|&r| self.replica_lost(r));
+                    let short = staying.len() < wanted;
+                    ((segment.replicas.len() > 1 && (!whole || lost)) || short).then(|| Unsettled {
                         key: SegmentKey {
                             topic_id: segment.topic_id,
                             range_id: segment.range_id,
@@ -104,6 +112,8 @@ impl Broker {
                         replicas: segment.replicas.clone(),
                         settled_on: segment.settled_on.clone(),
                         moving_off: segment.moves.iter().map(|move_| move_.old).collect(),
+                        dropped: segment.dropped.clone(),
+                        short,
                     })
                 })
                 .collect();
@@ -161,26 +171,50 @@ impl Broker {
                 Err(error) => tracing::warn!(?key, replica, %error, "settling a copy failed"),
             }
         }
-        if settled.is_empty() {
-            return;
+        if !settled.is_empty() {
+            let command = MetaCommand::CopiesSettled {
+                segment_id: key.segment_id,
+                nodes: settled.clone(),
+                settled: true,
+            };
+            match self.propose_meta(key.segment_id, command).await {
+                Ok(_) => tracing::info!(?key, ?settled, "copies settled"),
+                Err(error) => tracing::warn!(?key, %error, "recording settled copies failed"),
+            }
         }
-        let command = MetaCommand::CopiesSettled {
-            segment_id: key.segment_id,
-            nodes: settled.clone(),
-            settled: true,
-        };
-        match self.propose_meta(key.segment_id, command).await {
-            Ok(_) => tracing::info!(?key, ?settled, "copies settled"),
-            Err(error) => tracing::warn!(?key, %error, "recording settled copies failed"),
+        // One replica at a time, and only with no move under way: placement then sees the
+        // whole set it adds to.
+        if segment.short && segment.moving_off.is_empty() && !segment.settled_on.is_empty() {
+            self.add_replica(term, segment).await;
         }
     }
 
-    /// Starts moving `segment`'s replica off `dead` to a live broker holding none, chosen by
-    /// placement with the surviving replicas kept (so the constraints hold for the whole set).
-    /// The dead replica stays in the set until the new copy is settled.
-    async fn replace_replica(&self, term: u64, segment: &Unsettled, dead: u64) {
+    /// Adds a replica to `segment`, which has fewer than it should, on a live broker chosen by
+    /// placement with the replicas it has kept where they are.
+    async fn add_replica(&self, term: u64, segment: &Unsettled) {
         let key = segment.key;
-        let survivors: Vec<u64> = segment.staying().filter(|&r| r != dead).collect();
+        let survivors: Vec<u64> = segment.staying().collect();
+        let Some(new) = self.new_replica_placed(segment, &survivors, survivors.len() + 1) else {
+            tracing::debug!(?key, "no live broker to add a replica on yet");
+            return;
+        };
+        let command = MetaCommand::AddReplica { segment_id: key.segment_id, new };
+        match self.propose_in_term(term, key.topic_id, command).await {
+            Ok(_) => tracing::info!(?key, new, "a replica added: the segment had too few"),
+            Err(error) => tracing::warn!(?key, new, %error, "adding a replica failed"),
+        }
+    }
+
+    /// The broker placement picks for a new replica of `segment` when `survivors` keep theirs
+    /// and the set is to hold `wanted`: alive, taking new work, holding no replica of it and no
+    /// dropped copy waiting to be deleted.
+    fn new_replica_placed(
+        &self,
+        segment: &Unsettled,
+        survivors: &[u64],
+        wanted: usize,
+    ) -> Option<u64> {
+        let key = segment.key;
         let live: Vec<Candidate> = self
             .cluster_view()
             .brokers
@@ -190,7 +224,8 @@ impl Broker {
                 survivors.contains(&node)
                     || (broker.status == PeerStatus::Alive
                         && self.takes_new_work(node)
-                        && !segment.replicas.contains(&node))
+                        && !segment.replicas.contains(&node)
+                        && !segment.dropped.contains(&node))
             })
             .map(|broker| Candidate {
                 broker_id: broker.record.node_id,
@@ -199,16 +234,23 @@ impl Broker {
             .collect();
         let object = key.segment_id.to_le_bytes();
         let constraints = self.placement_constraints(Some(key.topic_id));
-        let wanted = segment.staying().count();
-        let placed = placement::place(&object, wanted, &live, &survivors, &constraints);
-        let new = match placed {
+        match placement::place(&object, wanted, &live, survivors, &constraints) {
             Ok(placed) => placed.brokers.into_iter().find(|broker| !survivors.contains(broker)),
             Err(error) => {
-                tracing::debug!(?key, dead, %error, "no placement to move a replica to");
+                tracing::debug!(?key, %error, "no placement for a new replica");
                 None
             }
-        };
-        let Some(new) = new else {
+        }
+    }
+
+    /// Starts moving `segment`'s replica off `dead` to a live broker holding none, chosen by
+    /// placement with the surviving replicas kept (so the constraints hold for the whole set).
+    /// The dead replica stays in the set until the new copy is settled.
+    async fn replace_replica(&self, term: u64, segment: &Unsettled, dead: u64) {
+        let key = segment.key;
+        let survivors: Vec<u64> = segment.staying().filter(|&r| r != dead).collect();
+        let wanted = segment.staying().count();
+        let Some(new) = self.new_replica_placed(segment, &survivors, wanted) else {
             tracing::debug!(?key, dead, "no live broker to move a replica to");
             return;
         };

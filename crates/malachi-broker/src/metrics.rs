@@ -225,7 +225,7 @@ impl Metrics {
             g.broker_status.clone(),
         );
         r.register("replication_lag_records", "Records staged on this broker's replicated heads that a follower has not made durable yet, per follower", g.replication_lag.clone());
-        r.register("under_replicated_segments", "Segments with a replica whose broker is dead or whose copy is not settled (reported by the vnodes' leaders)", g.under_replicated.clone());
+        r.register("under_replicated_segments", "Segments with fewer replicas than the replication factor, a replica whose broker is dead, or a copy not settled (reported by the vnodes' leaders)", g.under_replicated.clone());
         r.register("consumer_lag_records", "Records between a consumer group's committed position and the end of each range, summed per topic (reported by the topic's vnode leader)", g.consumer_lag.clone());
         r.register(
             "locked_accounts",

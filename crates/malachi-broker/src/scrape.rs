@@ -169,12 +169,18 @@ impl Broker {
         }
     }
 
-    /// Segments of `meta` with a replica on a dead broker, or (sealed) a copy not settled.
+    /// Segments of `meta` with fewer replicas than they should have, a replica on a dead
+    /// broker, or (sealed) a copy not settled.
     fn under_replicated_in(&self, meta: &MetaState) -> i64 {
+        let wanted = self.replicas_wanted();
         let mut count = 0;
         for topic in meta.topics() {
             for range in topic.ranges.values() {
                 for segment in meta.range_segments(topic.topic_id, range.range_id) {
+                    if segment.staying_replicas().len() < wanted {
+                        count += 1;
+                        continue;
+                    }
                     if segment.replicas.len() < 2 {
                         continue;
                     }

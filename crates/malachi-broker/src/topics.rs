@@ -1,7 +1,9 @@
 //! Topic administration: create, delete (and the deletion of files metadata no longer lists),
 //! describe, list. The moves of write heads are in `heads.rs`.
 
-use malachi_meta::{CreateTopic, MetaCommand, MetaError, MetaResponse, SegmentRoll, TopicError};
+use malachi_meta::{
+    CreateTopic, MetaCommand, MetaError, MetaResponse, MetaState, SegmentRoll, TopicError,
+};
 
 use crate::data::SegmentKey;
 use crate::error::LogError;
@@ -125,18 +127,20 @@ impl Broker {
                     .pending_reclaim()
                     .iter()
                     .filter(|(_, entry)| entry.replicas.contains(&self.node_id))
-                    .take(SEGMENT_IDS_PER_COMMAND_MAX)
                     .map(|(&segment_id, entry)| SegmentKey {
                         topic_id: entry.topic_id,
                         range_id: entry.range_id,
                         segment_id,
                     })
+                    .chain(self.dropped_here(&meta.0))
+                    .take(SEGMENT_IDS_PER_COMMAND_MAX)
                     .collect()
             });
             if pending.is_empty() {
                 return Ok(());
             }
             for key in &pending {
+                self.replication.forget(*key);
                 self.data.remove(*key).await?;
             }
             let segment_ids = pending.iter().map(|key| key.segment_id).collect();
@@ -144,6 +148,19 @@ impl Broker {
             let command = MetaCommand::ReclaimDone { segment_ids, node_id };
             vnode.group.propose(command).await?.map_err(map_meta_error)?;
         }
+    }
+
+    /// Retained segments whose replica here was dropped (moved to another broker) and whose
+    /// files are still to be deleted.
+    fn dropped_here<'a>(&self, meta: &'a MetaState) -> impl Iterator<Item = SegmentKey> + 'a {
+        let node_id = self.node_id;
+        meta.segments().filter(move |segment| segment.dropped.contains(&node_id)).map(|segment| {
+            SegmentKey {
+                topic_id: segment.topic_id,
+                range_id: segment.range_id,
+                segment_id: segment.segment_id,
+            }
+        })
     }
 
     /// A topic's ranges with their record counts. An active segment that cannot be opened

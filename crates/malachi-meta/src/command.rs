@@ -101,6 +101,14 @@ pub enum MetaCommand {
         old: u64,
         new: u64,
     },
+    /// Healing: sealed segment `segment_id` has fewer replicas than the replication factor
+    /// (placed while brokers were down): `new` joins its replica set, its copy is rebuilt from
+    /// a settled one and counts once reported settled. Refused unless the segment is sealed
+    /// with a settled copy, `new` holds no replica, and no dropped copy of it waits there.
+    AddReplica {
+        segment_id: u64,
+        new: u64,
+    },
     /// A command the vnode's coordinator decided (roll, split, merge, expiry), with the term it
     /// was decided in: refused when a coordinator already acted in a later term (see
     /// `MetaError::StaleCoordinator`).
@@ -120,6 +128,7 @@ impl MetaCommand {
                 | MetaCommand::MergeRanges(_)
                 | MetaCommand::ExpireSegments { .. }
                 | MetaCommand::ReplaceReplica { .. }
+                | MetaCommand::AddReplica { .. }
         )
     }
 }
@@ -248,4 +257,5 @@ pub enum MetaResponse {
         changed: u64,
     },
     ReplicaReplaced,
+    ReplicaAdded,
 }

@@ -62,6 +62,10 @@ impl MetaState {
                 let waiting = !segment.settled_on.contains(&move_.new);
                 check(waiting, || format!("segment {id}: a finished move is still recorded"))?;
             }
+            let sorted = segment.dropped.windows(2).all(|pair| pair[0] < pair[1]);
+            check(sorted, || format!("segment {id}: dropped copies out of order"))?;
+            let gone = segment.dropped.iter().all(|node| !segment.replicas.contains(node));
+            check(gone, || format!("segment {id}: a dropped copy is a replica"))?;
             let single = segment.moves.iter().map(|move_| move_.old).collect::<BTreeSet<_>>();
             check(single.len() == segment.moves.len(), || format!("segment {id}: moved twice"))?;
             let sealed = !segment.is_active() || segment.moves.is_empty();

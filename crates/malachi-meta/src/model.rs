@@ -149,6 +149,12 @@ pub struct Segment {
     /// replica set only once another holds the same bytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub moves: Vec<ReplicaMove>,
+    /// Brokers whose replica was dropped (a finished move) and whose files of it are not yet
+    /// reported deleted, sorted. Such a broker deletes them when it sees itself here and
+    /// reports it (`ReclaimDone`); until then it is no candidate for a new replica of this
+    /// segment, so a copy being rebuilt is never mistaken for one to delete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<u64>,
     /// Records in this range before this segment's offset 0: offsets are per segment, this
     /// numbers records across the whole range (and so across retention).
     pub range_base_records: u64,
@@ -169,6 +175,24 @@ impl Segment {
     /// Whether `node`'s replica is on its way out (a move off it is under way).
     pub fn is_moving_off(&self, node: u64) -> bool {
         self.moves.iter().any(|move_| move_.old == node)
+    }
+
+    /// The brokers that may hold files of this segment: its replicas and the dropped ones not
+    /// yet reclaimed. Every one must delete its files when the segment goes.
+    pub fn holders(&self) -> Vec<u64> {
+        let mut holders = self.replicas.clone();
+        holders.extend(self.dropped.iter().filter(|node| !self.replicas.contains(node)));
+        holders
+    }
+
+    /// Records that `node`'s replica was dropped: its files are to be reclaimed.
+    pub(crate) fn drop_replica(&mut self, node: u64) {
+        self.replicas.retain(|&replica| replica != node);
+        self.settled_on.retain(|&replica| replica != node);
+        self.created_on.retain(|&replica| replica != node);
+        if let Err(at) = self.dropped.binary_search(&node) {
+            self.dropped.insert(at, node);
+        }
     }
 
     /// The replicas that stay once every move under way has finished.

@@ -153,7 +153,7 @@ impl MetaState {
             assert_eq!(segment.range_base_records, range.expired_records, "expiry is front-only");
             range.expired_records += end_offset;
             records += end_offset;
-            let entry = ReclaimEntry { topic_id, range_id, replicas: segment.replicas };
+            let entry = ReclaimEntry { topic_id, range_id, replicas: segment.holders() };
             assert!(self.pending_reclaim.insert(segment_id, entry).is_none());
         }
         records

@@ -127,6 +127,7 @@ impl MetaState {
             MetaCommand::ReplaceReplica { segment_id, old, new } => {
                 self.replace_replica(segment_id, old, new)
             }
+            MetaCommand::AddReplica { segment_id, new } => self.add_replica(segment_id, new),
             MetaCommand::Coordinated { term, command } => self.coordinated(term, *command),
         }
     }
@@ -161,6 +162,11 @@ impl MetaState {
 
     pub fn segment(&self, segment_id: u64) -> Option<&Segment> {
         self.segments.get(&segment_id)
+    }
+
+    /// Every retained segment, by id.
+    pub fn segments(&self) -> impl Iterator<Item = &Segment> {
+        self.segments.values()
     }
 
     /// Whether segment `segment_id` is known to take no more appends: sealed, or allocated here
@@ -294,6 +300,7 @@ impl MetaState {
             created_on: Vec::new(),
             settled_on: Vec::new(),
             moves: Vec::new(),
+            dropped: Vec::new(),
             range_base_records,
         };
         let previous = self.segments.insert(segment_id, segment);

@@ -130,8 +130,8 @@ impl MetaState {
                 let segment =
                     self.segments.remove(segment_id).expect("ranges name retained segments");
                 assert_eq!((segment.topic_id, segment.range_id), (topic_id, range.range_id));
-                let entry =
-                    ReclaimEntry { topic_id, range_id: range.range_id, replicas: segment.replicas };
+                let replicas = segment.holders();
+                let entry = ReclaimEntry { topic_id, range_id: range.range_id, replicas };
                 let previous = self.pending_reclaim.insert(*segment_id, entry);
                 assert!(previous.is_none(), "segment {segment_id} reclaimed twice");
                 reclaim.push(*segment_id);
@@ -153,6 +153,14 @@ impl MetaState {
         }
         let mut removed = 0;
         for segment_id in segment_ids {
+            if let (Some(segment), Some(node_id)) = (self.segments.get_mut(segment_id), node_id) {
+                // A dropped replica's files are gone.
+                if let Ok(at) = segment.dropped.binary_search(&node_id) {
+                    segment.dropped.remove(at);
+                    removed += 1;
+                }
+                continue;
+            }
             let Some(entry) = self.pending_reclaim.get_mut(segment_id) else { continue };
             if let Some(node_id) = node_id {
                 entry.replicas.retain(|replica| *replica != node_id);
@@ -242,9 +250,7 @@ impl MetaState {
             .iter()
             .position(|&node| node == old)
             .ok_or_else(|| invalid(format!("node {old} holds no replica of {segment_id}")))?;
-        if segment.replicas.contains(&new) {
-            return Err(invalid(format!("node {new} holds a replica of {segment_id} already")));
-        }
+        new_replica_allowed(segment, new).map_err(invalid)?;
         if segment.is_moving_off(old) {
             return Err(invalid(format!("node {old}'s replica of {segment_id} is moving already")));
         }
@@ -254,9 +260,13 @@ impl MetaState {
         let incoming = segment.moves.iter_mut().find(|move_| move_.new == old);
         match incoming {
             Some(move_) if !segment.settled_on.contains(&old) => {
+                // Its rebuild may have written files: they are reclaimed like a dropped copy's.
                 move_.new = new;
                 segment.replicas[at] = new;
                 segment.created_on.retain(|&node| node != old);
+                if let Err(at) = segment.dropped.binary_search(&old) {
+                    segment.dropped.insert(at, old);
+                }
             }
             _ => {
                 segment.replicas.push(new);
@@ -267,15 +277,57 @@ impl MetaState {
     }
 }
 
+impl MetaState {
+    /// Adds a replica on `new` to sealed segment `segment_id`, which has fewer than the
+    /// replication factor: its copy is rebuilt by healing from a settled one and counts once
+    /// it is reported settled.
+    pub(crate) fn add_replica(
+        &mut self,
+        segment_id: u64,
+        new: u64,
+    ) -> Result<MetaResponse, MetaError> {
+        let invalid =
+            |detail: String| MetaError::from(crate::RangeError::InvalidReplicas { detail });
+        let limit = self.limits.max_replicas_per_segment as usize;
+        let segment = self
+            .segments
+            .get_mut(&segment_id)
+            .ok_or_else(|| invalid(format!("segment {segment_id} is not retained")))?;
+        if segment.is_active() {
+            return Err(invalid(format!("segment {segment_id} is active")));
+        }
+        new_replica_allowed(segment, new).map_err(invalid)?;
+        if segment.settled_on.is_empty() {
+            return Err(invalid(format!("segment {segment_id} has no settled copy to copy")));
+        }
+        if segment.replicas.len() >= limit {
+            return Err(invalid(format!("segment {segment_id} has {limit} replicas already")));
+        }
+        segment.replicas.push(new);
+        Ok(MetaResponse::ReplicaAdded)
+    }
+}
+
+/// Whether `new` may take a new replica of `segment`: it holds none, and no files of a
+/// dropped one wait to be deleted there.
+fn new_replica_allowed(segment: &Segment, new: u64) -> Result<(), String> {
+    let segment_id = segment.segment_id;
+    if segment.replicas.contains(&new) {
+        return Err(format!("node {new} holds a replica of {segment_id} already"));
+    }
+    if segment.dropped.contains(&new) {
+        return Err(format!("node {new} has not deleted its dropped copy of {segment_id} yet"));
+    }
+    Ok(())
+}
+
 /// Drops the old replica of every move whose new copy is settled.
 fn finish_moves(segment: &mut Segment) {
     let (done, going): (Vec<ReplicaMove>, Vec<ReplicaMove>) =
         segment.moves.iter().partition(|move_| segment.settled_on.contains(&move_.new));
     segment.moves = going;
     for ReplicaMove { old, .. } in done {
-        segment.replicas.retain(|&node| node != old);
-        segment.settled_on.retain(|&node| node != old);
-        segment.created_on.retain(|&node| node != old);
+        segment.drop_replica(old);
     }
 }
 

@@ -656,7 +656,8 @@ impl ClusterWorld {
             let unsettled = self.unsettled();
             let damaged = self.damaged_settled_copies();
             self.findings.push(format!(
-                "HealingStuck: once every fault healed, sealed copies never settled ({unsettled:?}) \
+                "HealingStuck: once every fault healed, sealed segments never settled or grew back to \
+                 their replicas ({unsettled:?}) \
                  or damaged settled copies were never repaired ({damaged:?})"
             ));
         } else {
@@ -725,17 +726,21 @@ impl ClusterWorld {
         damaged
     }
 
-    /// Sealed replicated segments (more than one replica) with a replica whose copy is not
-    /// settled, as a serving broker's metadata says.
+    /// Sealed segments with fewer replicas than the replication factor (or than the brokers,
+    /// if fewer) or with a replica whose copy is not settled, as a serving broker's metadata
+    /// says.
     fn unsettled(&self) -> Unsettled {
         let Some(index) = self.serving() else { return Unsettled(None) };
         let Some(broker) = self.nodes[index].broker() else { return Unsettled(None) };
+        // Every broker is back: a segment placed on fewer (while some were down) must have
+        // grown back to the replication factor, each copy settled.
+        let wanted = (self.swarm.replication_factor as usize).min(self.nodes.len());
         let open: Vec<String> = sealed_segments(&broker)
             .into_iter()
-            // A segment with one copy (placed while one broker was live) has nothing to settle
-            // against: healing leaves it, as the damage it could not repair is never injected.
-            .filter(|sealed| sealed.replicas.len() > 1)
-            .filter(|sealed| sealed.replicas.iter().any(|r| !sealed.settled_on.contains(r)))
+            .filter(|sealed| {
+                sealed.replicas.len() < wanted
+                    || sealed.replicas.iter().any(|r| !sealed.settled_on.contains(r))
+            })
             .map(|sealed| {
                 format!(
                     "{} replicas {:?} settled {:?}",

@@ -1008,6 +1008,19 @@ async fn replicas_move_off_a_broker_dead_for_good() {
         let (records, _) = common::drain(&member.admin().await, "moved", None).await;
         assert_eq!(records.len(), produced as usize, "every record reads back");
     }
+    // The dead broker returns: the copies it no longer holds a replica of are deleted there.
+    let returned = &mut members[victim as usize - 1];
+    returned.start();
+    let returned_dir = returned.process.dir.clone();
+    eventually_within("the returned broker deleted its dropped copies", 60, || async {
+        let left: Vec<u64> = held
+            .iter()
+            .copied()
+            .filter(|id| find_dir_holding(&returned_dir, &format!("{id:020}.seg")).is_some())
+            .collect();
+        if left.is_empty() { Ok(()) } else { Err(format!("files of {left:?} are left")) }
+    })
+    .await;
 }
 
 /// The vnode's leader coordinates for every broker: heads held anywhere roll when they fill, a
@@ -1175,4 +1188,131 @@ async fn seats_move_off_dead_and_removed_brokers() {
         let topics = client.list_topics().await.unwrap();
         assert!(topics.contains(&"after-move".to_string()), "{topics:?}");
     }
+}
+
+/// Segments placed on two of three brokers while the third was down regain their third copy
+/// once it returns (issue 25): the head is rolled onto three brokers, healing adds the missing
+/// replica to each sealed segment and rebuilds it, `/metrics` counts them under-replicated
+/// until then, and every copy holds every record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn segments_placed_while_a_broker_was_down_regain_their_copies() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [("MALACHI_SEGMENT_MAX_BYTES", "8192"), ("MALACHI_AUTO_SPLIT_ENABLED", "false")];
+    let mut members = start_cluster_with(dir.path(), 3, &settings).await;
+    let client = members[0].admin().await;
+    members[2].kill();
+    status_becomes(&client, 3, 2).await;
+    create_topic(&client, "regrown", 1).await;
+    let mut produced = Vec::new();
+    for batch in 0..40 {
+        let values: Vec<String> =
+            (0..10).map(|n| format!("b{batch}-r{n}-{}", "x".repeat(200))).collect();
+        let records =
+            values.iter().map(|value| RecordBuilder::new(value.clone()).build()).collect();
+        client.produce("regrown", records).await.unwrap();
+        produced.extend(values);
+    }
+    let described = client.describe_segments("regrown").await.unwrap();
+    assert!(described.segments.len() >= 3, "the topic rolled: {:?}", described.segments);
+    for segment in &described.segments {
+        let holders: Vec<u64> = segment.copies.iter().map(|copy| copy.node_id).collect();
+        assert_eq!(holders.len(), 2, "placed on the two live brokers: {holders:?}");
+    }
+    assert!(under_replicated(&members[..2]).await >= described.segments.len() as f64);
+
+    members[2].start();
+    eventually_within("every segment holds three settled copies", 90, || async {
+        let described = client.describe_segments("regrown").await.map_err(|e| e.to_string())?;
+        let whole = described.segments.iter().all(|segment| {
+            segment.copies.len() == 3
+                && (segment.state == SegmentState::Active
+                    || segment.copies.iter().all(|copy| copy.settled))
+        });
+        if whole { Ok(()) } else { Err(format!("{:?}", described.segments)) }
+    })
+    .await;
+    eventually_within("no broker counts a segment under-replicated", 30, || async {
+        let count = under_replicated(&members).await;
+        if count == 0.0 { Ok(()) } else { Err(format!("{count} under-replicated")) }
+    })
+    .await;
+    for member in &members {
+        let (records, _) = common::drain(&member.admin().await, "regrown", None).await;
+        let values: Vec<String> = records.iter().map(common::value).collect();
+        assert_eq!(values, produced, "every record reads back through every broker");
+    }
+
+    // Each broker's own copy of each sealed segment, read from its files with the brokers
+    // stopped, holds the same records.
+    let described = client.describe_segments("regrown").await.unwrap();
+    let sealed: Vec<_> =
+        described.segments.iter().filter(|segment| segment.state == SegmentState::Sealed).collect();
+    for member in &mut members {
+        member.kill();
+    }
+    for (index, member) in members.iter().enumerate() {
+        let mut values = Vec::new();
+        for segment in &sealed {
+            values.extend(copy_values(&member.process.dir, segment.segment_id));
+        }
+        assert_eq!(values, produced[..values.len()], "broker {}'s copies", index + 1);
+        let sealed_records: usize = sealed.iter().map(|s| s.end_offset as usize).sum();
+        assert_eq!(values.len(), sealed_records, "broker {}'s copies are whole", index + 1);
+    }
+}
+
+/// `malachi_under_replicated_segments` summed over `members` (each vnode's leader reports its
+/// own).
+async fn under_replicated(members: &[Member]) -> f64 {
+    let mut count = 0.0;
+    for member in members {
+        let address = format!("127.0.0.1:{}", member.process.dashboard_port);
+        let metrics = common::http::get(&address, "/metrics", &[]).await;
+        let samples = common::http::parse_prometheus(&metrics.body);
+        count += samples.get("malachi_under_replicated_segments").copied().unwrap_or(0.0);
+    }
+    count
+}
+
+/// The values of the records in segment `segment_id`'s file under `data_dir`, read as the
+/// broker would read them (the broker stopped).
+fn copy_values(data_dir: &std::path::Path, segment_id: u64) -> Vec<String> {
+    let name = format!("{segment_id:020}.seg");
+    let range_dir = find_dir_holding(data_dir, &name)
+        .unwrap_or_else(|| panic!("{name} under {}", data_dir.display()));
+    let storage: std::sync::Arc<dyn malachi_log::Storage> =
+        std::sync::Arc::new(malachi_log::RealStorage);
+    let committer = malachi_log::Committer::new(None, 1, Duration::ZERO);
+    let config = malachi_log::SegmentConfig::default();
+    let (segment, _) =
+        malachi_log::Segment::open_read_only(storage, &range_dir, segment_id, config, &committer)
+            .unwrap();
+    let mut values = Vec::new();
+    loop {
+        let batch = segment.read(values.len() as u64, 1_000, 1 << 20).unwrap();
+        if batch.records.is_empty() {
+            return values;
+        }
+        values.extend(
+            batch
+                .records
+                .iter()
+                .map(|stored| String::from_utf8(stored.record.value.to_vec()).unwrap()),
+        );
+    }
+}
+
+fn find_dir_holding(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()? {
+        let path = entry.ok()?.path();
+        if path.file_name().is_some_and(|file| file == name) {
+            return Some(dir.to_path_buf());
+        }
+        if path.is_dir()
+            && let Some(found) = find_dir_holding(&path, name)
+        {
+            return Some(found);
+        }
+    }
+    None
 }

@@ -352,7 +352,52 @@ fn a_replica_moves_only_off_a_sealed_segment_with_a_settled_copy_left() {
     assert_eq!(segment.settled_on, vec![2, 3, 5]);
     assert!(segment.moves.is_empty());
     assert!(!segment.created_on.contains(&1));
+    assert_eq!(segment.dropped, vec![1, 4], "both dropped replicas' files are to be reclaimed");
     state.check_invariants().expect("invariants hold after a move");
+    // A dropped broker takes no new replica until it reports its files deleted, and then may.
+    assert_refused(&mut state, replace(sealed, 2, 1), "invalid_replicas");
+    let reclaimed =
+        |node| MetaCommand::ReclaimDone { segment_ids: vec![sealed], node_id: Some(node) };
+    let cases = [(7, 0, vec![1, 4]), (4, 1, vec![1]), (1, 1, vec![]), (1, 0, vec![])];
+    for (node, removed, left) in cases {
+        let response = apply_ok(&mut state, reclaimed(node));
+        assert_eq!(response, MetaResponse::ReclaimAcknowledged { removed }, "node {node}");
+        assert_eq!(state.segment(sealed).unwrap().dropped, left, "node {node}");
+    }
+    assert_eq!(apply_ok(&mut state, replace(sealed, 2, 1)), MetaResponse::ReplicaReplaced);
+    state.check_invariants().expect("invariants hold after a move back");
+}
+
+/// A sealed segment placed on fewer brokers than the replication factor gains a replica (it
+/// counts once settled); the refusals leave the state unchanged.
+#[test]
+fn a_replica_is_added_only_to_a_sealed_segment_with_a_settled_copy() {
+    let (mut state, sealed) = with_sealed_replicated_segment();
+    let head = state.segments.keys().copied().max().unwrap();
+    let add = |segment_id, new| MetaCommand::AddReplica { segment_id, new };
+    assert_refused(&mut state, add(sealed, 4), "invalid_replicas");
+    let settle = MetaCommand::CopiesSettled { segment_id: sealed, nodes: vec![2], settled: true };
+    apply_ok(&mut state, settle);
+    let refusals = [
+        (add(sealed, 3), "3 holds one already"),
+        (add(head, 4), "the head is active"),
+        (add(999, 4), "no such segment"),
+    ];
+    for (command, why) in refusals {
+        let before = state.clone();
+        assert!(state.apply(command).is_err(), "{why}");
+        assert_eq!(state, before, "{why}");
+    }
+    assert_eq!(apply_ok(&mut state, add(sealed, 4)), MetaResponse::ReplicaAdded);
+    let segment = state.segment(sealed).unwrap();
+    assert_eq!(segment.replicas, vec![1, 2, 3, 4]);
+    assert_eq!(segment.settled_on, vec![2], "the new copy counts once settled");
+    state.check_invariants().expect("invariants hold after an add");
+    // Deleting the topic reclaims every holder's files, the dropped ones' too.
+    let deleted = state.segment(sealed).unwrap().topic_id;
+    let name = state.topic(deleted).unwrap().name.clone();
+    apply_ok(&mut state, MetaCommand::DeleteTopic { name });
+    assert_eq!(state.pending_reclaim()[&sealed].replicas, vec![1, 2, 3, 4]);
 }
 
 fn moving(old: u64, new: u64) -> crate::model::ReplicaMove {
