@@ -362,7 +362,7 @@ impl Broker {
 
     /// How many replicas a segment should have: the replication factor, or fewer in a cluster
     /// of fewer brokers that take new work.
-    pub(crate) fn replicas_wanted(&self) -> usize {
+    pub fn replicas_wanted(&self) -> usize {
         let view = self.cluster_view();
         let members =
             view.brokers.iter().filter(|broker| self.takes_new_work(broker.record.node_id)).count();

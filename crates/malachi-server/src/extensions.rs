@@ -108,6 +108,7 @@ fn cluster_status(connection: &Connection) -> Response {
         cluster_id: view.cluster_id.as_deref().and_then(text_bytes),
         brokers,
         groups,
+        replicas_wanted: u16::try_from(connection.broker.replicas_wanted()).unwrap_or(u16::MAX),
     })
 }
 

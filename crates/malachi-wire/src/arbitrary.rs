@@ -220,12 +220,13 @@ fn arb_cluster_status() -> impl Strategy<Value = ClusterStatusResponse> {
             learners,
         },
     );
-    (any::<u64>(), opt_str(), vec(broker, 0..3), vec(group, 0..3)).prop_map(
-        |(node_id, cluster_id, brokers, groups)| ClusterStatusResponse {
+    (any::<u64>(), opt_str(), vec(broker, 0..3), vec(group, 0..3), any::<u16>()).prop_map(
+        |(node_id, cluster_id, brokers, groups, replicas_wanted)| ClusterStatusResponse {
             node_id,
             cluster_id,
             brokers,
             groups,
+            replicas_wanted,
         },
     )
 }

@@ -249,6 +249,9 @@ pub struct ClusterStatusResponse {
     pub brokers: Vec<ClusterBroker>,
     /// `list16`: the Raft groups (0 the administrative group, 1 the vnode).
     pub groups: Vec<ClusterGroup>,
+    /// How many replicas each segment should have: the replication factor, or the number of
+    /// brokers when there are fewer. A segment with fewer is under-replicated.
+    pub replicas_wanted: u16,
 }
 
 /// One broker of [`ClusterStatusResponse`].
@@ -279,13 +282,15 @@ pub struct ClusterGroup {
 }
 
 impl Wire for ClusterStatusResponse {
-    const WIRE_BYTES_MIN: usize = 8 + 1 + 2 + 2;
+    const WIRE_BYTES_MIN: usize = 8 + 1 + 2 + 2 + 2;
 
     fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
         writer.u64(self.node_id);
         writer.str(self.cluster_id.as_deref())?;
         writer.list16(&self.brokers)?;
-        writer.list16(&self.groups)
+        writer.list16(&self.groups)?;
+        writer.u16(self.replicas_wanted);
+        Ok(())
     }
 
     fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
@@ -294,6 +299,7 @@ impl Wire for ClusterStatusResponse {
             cluster_id: reader.str()?,
             brokers: reader.list16()?,
             groups: reader.list16()?,
+            replicas_wanted: reader.u16()?,
         })
     }
 }

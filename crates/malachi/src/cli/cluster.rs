@@ -48,7 +48,8 @@ pub async fn run(args: ClusterArgs) -> Result<(), String> {
             let status = status.map_err(|error| session.fail("cluster status", &error))?;
             print!("{}", status_text(&status));
             let described = describe_every_topic(&session).await?;
-            print!("\n{}", under_replicated_text(&described, &status.brokers));
+            let wanted = usize::from(status.replicas_wanted);
+            print!("\n{}", under_replicated_text(&described, &status.brokers, wanted));
         }
         ClusterCommand::Remove { broker, force } => {
             let removed = session.client.remove_broker(broker, force).await;
@@ -95,8 +96,13 @@ async fn describe_every_topic(session: &Session) -> Result<Vec<DescribeSegmentsR
     Ok(described)
 }
 
-/// A summary line, then the first under-replicated segments with their missing copies.
-fn under_replicated_text(topics: &[DescribeSegmentsResponse], brokers: &[ClusterBroker]) -> String {
+/// A summary line, then the first under-replicated segments with their missing copies: each
+/// segment should have `wanted` replicas.
+fn under_replicated_text(
+    topics: &[DescribeSegmentsResponse],
+    brokers: &[ClusterBroker],
+    wanted: usize,
+) -> String {
     let dead: BTreeSet<u64> = brokers
         .iter()
         .filter(|broker| broker.status == STATUS_DEAD)
@@ -106,7 +112,10 @@ fn under_replicated_text(topics: &[DescribeSegmentsResponse], brokers: &[Cluster
     let mut rows = Vec::new();
     for topic in topics {
         for segment in &topic.segments {
-            let missing = missing_copies(segment, &dead);
+            let mut missing = missing_copies(segment, &dead);
+            if segment.copies.len() < wanted {
+                missing.push(format!("({} of {wanted} placed)", segment.copies.len()));
+            }
             if missing.is_empty() {
                 continue;
             }
@@ -276,6 +285,7 @@ mod tests {
                     learners: vec![2],
                 },
             ],
+            replicas_wanted: 3,
         };
         let text = status_text(&status);
         let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
@@ -359,8 +369,34 @@ mod tests {
             ),
         ];
         for (topics, expected) in cases {
-            let text = under_replicated_text(&topics, &brokers);
+            let text = under_replicated_text(&topics, &brokers, 1);
             assert_eq!(text, format!("under-replicated segments\n{expected}"));
+        }
+    }
+
+    /// A segment placed on fewer brokers than the replication factor is under-replicated even
+    /// with every copy it has settled and answering.
+    #[test]
+    fn segments_placed_on_too_few_brokers_are_under_replicated() {
+        let brokers: Vec<ClusterBroker> =
+            (1..=3).map(|node_id| ClusterBroker { node_id, ..ClusterBroker::default() }).collect();
+        let two = segment(1, true, &[(1, true, true), (2, true, true)]);
+        let three = segment(2, true, &[(1, true, true), (2, true, true), (3, true, true)]);
+        let described = [topic("orders", vec![two, three])];
+        // (replicas wanted, expected text after the section's title)
+        let cases = [
+            (2, "under-replicated: 0 segments (0 healing)\n".to_string()),
+            (
+                3,
+                "under-replicated: 1 segments (0 healing)\n\n\
+                 TOPIC   RANGE  SEGMENT  STATE   MISSING\n\
+                 orders  0      1        sealed  (2 of 3 placed)\n"
+                    .to_string(),
+            ),
+        ];
+        for (wanted, expected) in cases {
+            let text = under_replicated_text(&described, &brokers, wanted);
+            assert_eq!(text, format!("under-replicated segments\n{expected}"), "{wanted}");
         }
     }
 
@@ -368,7 +404,7 @@ mod tests {
     fn only_the_first_under_replicated_segments_are_named() {
         let missing = |segment_id| segment(segment_id, false, &[(1, false, false)]);
         let segments = (1..=25).map(missing).collect();
-        let text = under_replicated_text(&[topic("orders", segments)], &[]);
+        let text = under_replicated_text(&[topic("orders", segments)], &[], 1);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[1], "under-replicated: 25 segments (0 healing)");
         let named = lines.iter().filter(|line| line.starts_with("orders")).count();
