@@ -31,7 +31,10 @@ impl Broker {
                 broker.scrub_once().await;
                 let now_ms = broker.clock.now_ms();
                 broker.members.lock().expect("members lock poisoned").prune(now_ms);
-                if now_ms >= last_reclaim_ms + broker.config.retention_interval_ms {
+                // Dropped copies are deleted on the next tick, not the next retention pass: a
+                // broker back from a long absence learns of them only once it has caught up.
+                let due = now_ms >= last_reclaim_ms + broker.config.retention_interval_ms;
+                if due || broker.holds_dropped_copies() {
                     last_reclaim_ms = now_ms;
                     if let Err(error) = broker.reclaim().await {
                         tracing::warn!(%error, "deleting the files of removed segments failed");

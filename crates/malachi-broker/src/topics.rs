@@ -150,6 +150,13 @@ impl Broker {
         }
     }
 
+    /// Whether this broker still holds files of a replica that was dropped (moved elsewhere).
+    pub(crate) fn holds_dropped_copies(&self) -> bool {
+        self.ring
+            .iter()
+            .any(|vnode| vnode.group.read(|meta| self.dropped_here(&meta.0).next().is_some()))
+    }
+
     /// Retained segments whose replica here was dropped (moved to another broker) and whose
     /// files are still to be deleted.
     fn dropped_here<'a>(&self, meta: &'a MetaState) -> impl Iterator<Item = SegmentKey> + 'a {
