@@ -20,6 +20,7 @@ use crate::load::Rate;
 use crate::node::Broker;
 use crate::peer::{Ask, PeerCall};
 use crate::vnodes::Vnode;
+use malachi_meta::Segment;
 
 /// A holder asks the leader for a roll of the same range at most this often.
 const ROLL_ASK_MS: u64 = 1_000;
@@ -79,22 +80,19 @@ impl Broker {
     /// head rolled before its first record, which moved the head the test then failed).
     fn roll_heads_without_replication(&self) {
         let stateless: Vec<(u64, u32)> = self.read_every_meta(|meta| {
-            meta.topics()
-                .flat_map(|topic| topic.active_ranges().map(move |range| (topic, range)))
-                .filter_map(|(topic, range)| {
-                    let segment_id = range.active_segment_id()?;
-                    let segment = meta.segment(segment_id)?;
+            meta.active_heads()
+                .filter(|segment| {
                     let key = SegmentKey {
-                        topic_id: topic.topic_id,
-                        range_id: range.range_id,
-                        segment_id,
+                        topic_id: segment.topic_id,
+                        range_id: segment.range_id,
+                        segment_id: segment.segment_id,
                     };
-                    let stateless = segment.replicas.len() > 1
+                    segment.replicas.len() > 1
                         && segment.replicas.first() == Some(&self.node_id)
                         && segment.created_on.contains(&self.node_id)
-                        && self.replication.head(key).is_none();
-                    stateless.then_some((topic.topic_id, range.range_id))
+                        && self.replication.head(key).is_none()
                 })
+                .map(|segment| (segment.topic_id, segment.range_id))
                 .collect()
         });
         for (topic_id, range_id) in stateless {
@@ -125,19 +123,12 @@ impl Broker {
     /// seals them on their followers and their ranges take writes again on live brokers,
     /// without waiting for a producer to ask.
     fn roll_heads_of_dead_primaries(&self, vnode: &Vnode) {
-        let orphaned: Vec<(u64, u32)> = vnode.group.read(|meta| {
-            meta.0
-                .topics()
-                .flat_map(|topic| topic.active_ranges().map(move |range| (topic, range)))
-                .filter_map(|(topic, range)| {
-                    let segment = meta.0.segment(range.active_segment_id()?)?;
-                    let primary = *segment.replicas.first()?;
-                    let orphaned = segment.replicas.len() > 1
-                        && primary != self.node_id
-                        && self.member_status(primary) == crate::gossip::PeerStatus::Dead;
-                    orphaned.then_some((topic.topic_id, range.range_id))
-                })
-                .collect()
+        let orphaned = heads_where(vnode, |segment| {
+            segment.replicas.first().is_some_and(|&primary| {
+                segment.replicas.len() > 1
+                    && primary != self.node_id
+                    && self.member_status(primary) == crate::gossip::PeerStatus::Dead
+            })
         });
         for (topic_id, range_id) in orphaned {
             tracing::info!(topic_id, range_id, "the primary of a head is dead: rolling it");
@@ -153,17 +144,9 @@ impl Broker {
     fn roll_heads_below_replication(&self, vnode: &Vnode) {
         let placeable = self.replicas_wanted().min(self.placement_candidates().len());
         let now_ms = self.clock.now_ms();
-        let short: Vec<(u64, u32)> = vnode.group.read(|meta| {
-            meta.0
-                .topics()
-                .flat_map(|topic| topic.active_ranges().map(move |range| (topic, range)))
-                .filter_map(|(topic, range)| {
-                    let segment = meta.0.segment(range.active_segment_id()?)?;
-                    let short = segment.replicas.len() < placeable
-                        && now_ms >= segment.created_ms.saturating_add(HEAD_GROW_AFTER_MS);
-                    short.then_some((topic.topic_id, range.range_id))
-                })
-                .collect()
+        let short = heads_where(vnode, |segment| {
+            segment.replicas.len() < placeable
+                && now_ms >= segment.created_ms.saturating_add(HEAD_GROW_AFTER_MS)
         });
         for (topic_id, range_id) in short {
             tracing::info!(
@@ -471,4 +454,15 @@ impl Broker {
 fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, LogError> {
     serde_json::from_slice(payload)
         .map_err(|error| LogError::Unavailable(format!("malformed coordinator answer: {error}")))
+}
+
+/// The `(topic, range)` of each head of `vnode` that `wanted` picks.
+fn heads_where(vnode: &Vnode, wanted: impl Fn(&Segment) -> bool) -> Vec<(u64, u32)> {
+    vnode.group.read(|meta| {
+        meta.0
+            .active_heads()
+            .filter(|segment| wanted(segment))
+            .map(|segment| (segment.topic_id, segment.range_id))
+            .collect()
+    })
 }

@@ -190,6 +190,11 @@ impl Segment {
         self.replicas.retain(|&replica| replica != node);
         self.settled_on.retain(|&replica| replica != node);
         self.created_on.retain(|&replica| replica != node);
+        self.record_dropped(node);
+    }
+
+    /// Records that `node` may hold files of this segment to delete.
+    pub(crate) fn record_dropped(&mut self, node: u64) {
         if let Err(at) = self.dropped.binary_search(&node) {
             self.dropped.insert(at, node);
         }

@@ -164,6 +164,13 @@ impl MetaState {
         self.segments.get(&segment_id)
     }
 
+    /// The head (active segment) of every active range of every topic.
+    pub fn active_heads(&self) -> impl Iterator<Item = &Segment> {
+        self.topics()
+            .flat_map(|topic| topic.active_ranges())
+            .filter_map(|range| self.segments.get(&range.active_segment_id()?))
+    }
+
     /// Every retained segment, by id.
     pub fn segments(&self) -> impl Iterator<Item = &Segment> {
         self.segments.values()

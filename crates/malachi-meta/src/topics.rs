@@ -238,13 +238,7 @@ impl MetaState {
     ) -> Result<MetaResponse, MetaError> {
         let invalid =
             |detail: String| MetaError::from(crate::RangeError::InvalidReplicas { detail });
-        let segment = self
-            .segments
-            .get_mut(&segment_id)
-            .ok_or_else(|| invalid(format!("segment {segment_id} is not retained")))?;
-        if segment.is_active() {
-            return Err(invalid(format!("segment {segment_id} is active")));
-        }
+        let segment = self.sealed_segment_mut(segment_id).map_err(invalid)?;
         let at = segment
             .replicas
             .iter()
@@ -264,9 +258,7 @@ impl MetaState {
                 move_.new = new;
                 segment.replicas[at] = new;
                 segment.created_on.retain(|&node| node != old);
-                if let Err(at) = segment.dropped.binary_search(&old) {
-                    segment.dropped.insert(at, old);
-                }
+                segment.record_dropped(old);
             }
             _ => {
                 segment.replicas.push(new);
@@ -275,9 +267,19 @@ impl MetaState {
         }
         Ok(MetaResponse::ReplicaReplaced)
     }
-}
 
-impl MetaState {
+    /// Sealed segment `segment_id`, for a change of its replicas.
+    fn sealed_segment_mut(&mut self, segment_id: u64) -> Result<&mut Segment, String> {
+        let segment = self
+            .segments
+            .get_mut(&segment_id)
+            .ok_or_else(|| format!("segment {segment_id} is not retained"))?;
+        if segment.is_active() {
+            return Err(format!("segment {segment_id} is active"));
+        }
+        Ok(segment)
+    }
+
     /// Adds a replica on `new` to sealed segment `segment_id`, which has fewer than the
     /// replication factor: its copy is rebuilt by healing from a settled one and counts once
     /// it is reported settled.
@@ -289,13 +291,7 @@ impl MetaState {
         let invalid =
             |detail: String| MetaError::from(crate::RangeError::InvalidReplicas { detail });
         let limit = self.limits.max_replicas_per_segment as usize;
-        let segment = self
-            .segments
-            .get_mut(&segment_id)
-            .ok_or_else(|| invalid(format!("segment {segment_id} is not retained")))?;
-        if segment.is_active() {
-            return Err(invalid(format!("segment {segment_id} is active")));
-        }
+        let segment = self.sealed_segment_mut(segment_id).map_err(invalid)?;
         new_replica_allowed(segment, new).map_err(invalid)?;
         if segment.settled_on.is_empty() {
             return Err(invalid(format!("segment {segment_id} has no settled copy to copy")));

@@ -388,6 +388,10 @@ fn a_replica_is_added_only_to_a_sealed_segment_with_a_settled_copy() {
         assert!(state.apply(command).is_err(), "{why}");
         assert_eq!(state, before, "{why}");
     }
+    // At the per-segment replica limit, no replica is added.
+    state.limits.max_replicas_per_segment = 3;
+    assert_refused(&mut state, add(sealed, 4), "invalid_replicas");
+    state.limits.max_replicas_per_segment = 4;
     assert_eq!(apply_ok(&mut state, add(sealed, 4)), MetaResponse::ReplicaAdded);
     let segment = state.segment(sealed).unwrap();
     assert_eq!(segment.replicas, vec![1, 2, 3, 4]);
