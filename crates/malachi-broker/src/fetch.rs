@@ -77,6 +77,13 @@ pub(crate) struct HeadEnd {
     pub(crate) sealed: bool,
 }
 
+/// What one metadata version says of a range's records.
+struct RangeLayout {
+    /// Records before the first segment left, removed by retention.
+    expired_records: u64,
+    spans: Vec<SegmentSpan>,
+}
+
 /// One retained segment of a range as a reader needs it.
 #[derive(Clone, Copy, Debug)]
 struct SegmentSpan {
@@ -293,12 +300,19 @@ impl Broker {
             wire_bytes: 0,
             behind: false,
         };
-        if offset < range.expired_records {
-            read.skipped = range.expired_records - offset;
-            offset = range.expired_records;
+        // Retention may have removed segments since `range` was read, so what it expired is
+        // taken from the same metadata version as the segments left: the records before the
+        // first of them, or all of a sealed range's records once none is left (found by the
+        // cluster simulator twice: a drain racing an expiry skipped records without reporting
+        // them, first of a range's front, then of a split range's last segment).
+        let layout = self.range_layout(topic.topic_id, range_id);
+        let expired = layout.expired_records.max(range.expired_records);
+        if offset < expired {
+            read.skipped = expired - offset;
+            offset = expired;
         }
         let mut spans: Vec<(SegmentSpan, u64)> = Vec::new();
-        for span in self.segment_spans(topic.topic_id, range_id) {
+        for span in layout.spans {
             let length = match span.sealed_end {
                 Some(end_offset) => end_offset,
                 None => {
@@ -322,16 +336,6 @@ impl Broker {
                 }
             };
             spans.push((span, span.base + length));
-        }
-        // Retention may have removed segments since `range` was read: the spans come from a
-        // later metadata version than its `expired_records`. What lies before the first span
-        // left is expired too, and counted so (found by the cluster simulator: a drain racing
-        // an expiry skipped records without reporting them).
-        if let Some((first, _)) = spans.first()
-            && offset < first.base
-        {
-            read.skipped += first.base - offset;
-            offset = first.base;
         }
         // An active range's last segment is its head, never sealed in one metadata version: a
         // sealed one means the range moved on (a roll, split or merge) after `range` was read.
@@ -547,16 +551,28 @@ impl Broker {
         Ok(Some(HeadEnd { offset, sealed }))
     }
 
-    fn segment_spans(&self, topic_id: u64, range_id: u32) -> Vec<SegmentSpan> {
+    /// A range's segments and the records retention removed before them, from one metadata
+    /// version; empty once the topic is gone.
+    fn range_layout(&self, topic_id: u64, range_id: u32) -> RangeLayout {
         self.read_meta(topic_id, |meta| {
-            meta.range_segments(topic_id, range_id)
+            let expired_records = meta
+                .topic(topic_id)
+                .and_then(|topic| topic.ranges.get(&range_id))
+                .map_or(0, |range| range.expired_records);
+            let spans: Vec<SegmentSpan> = meta
+                .range_segments(topic_id, range_id)
                 .iter()
                 .map(|segment| SegmentSpan {
                     segment_id: segment.segment_id,
                     base: segment.range_base_records,
                     sealed_end: segment.sealed_length().map(|(end_offset, _)| end_offset),
                 })
-                .collect()
+                .collect();
+            assert!(
+                spans.first().is_none_or(|first| first.base == expired_records),
+                "retention expires only a range's front"
+            );
+            RangeLayout { expired_records, spans }
         })
     }
 }
