@@ -6,6 +6,7 @@
 //! a check against a missing user still runs one full Argon2id verification against a fixed
 //! dummy hash.
 
+use malachi_reason::Reason;
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};
@@ -112,8 +113,8 @@ pub struct PasswordTooShort {
 impl PasswordTooShort {
     /// The wire reason. Section 3.4 names none for a password refused by policy; ours is
     /// documented in docs/protocol.md.
-    pub fn reason(&self) -> &'static str {
-        "invalid_password"
+    pub fn reason(&self) -> Reason {
+        Reason::InvalidPassword
     }
 }
 

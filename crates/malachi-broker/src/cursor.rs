@@ -18,6 +18,7 @@
 //! Anything that fails to decode, verify or match the topic is `invalid_cursor`; nothing is ever
 //! silently restarted.
 
+use malachi_reason::Reason;
 use std::collections::BTreeMap;
 
 use base64::Engine;
@@ -85,8 +86,8 @@ pub enum CursorError {
 
 impl CursorError {
     /// Every cursor failure is the same wire reason.
-    pub fn reason(&self) -> &'static str {
-        "invalid_cursor"
+    pub fn reason(&self) -> Reason {
+        Reason::InvalidCursor
     }
 }
 

@@ -28,6 +28,7 @@
 //! A copy that could not be filled or sealed, or that did not answer, is left for healing to
 //! settle or replace.
 
+use malachi_reason::Reason;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -91,7 +92,7 @@ impl Broker {
             return Err(LogError::NoQuorum(format!("{key:?}: the primary's copy lost records")));
         }
         let info = self.data.seal(segment).await.map_err(|error| LogError::Storage {
-            reason: "unfenced",
+            reason: Reason::Unfenced,
             detail: format!("sealing the primary's copy of {key:?} failed: {error}"),
         })?;
         let timeout = Duration::from_millis(self.config.cluster.replication_timeout_ms);
@@ -421,7 +422,7 @@ impl Broker {
             });
         }
         let seal = self.data.seal(segment).await.map_err(|error| LogError::Storage {
-            reason: "unfenced",
+            reason: Reason::Unfenced,
             detail: format!("sealing a copy of {key:?} failed: {error}"),
         })?;
         Ok(sealed(seal))

@@ -5,6 +5,7 @@
 //! each range, at most `max` records per range (wire-protocol.md section 3.3), and the page never
 //! exceeds what fits in one response frame.
 
+use malachi_reason::Reason;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -375,7 +376,7 @@ impl Broker {
                 // Metadata says records lie here and the segment has none to give (a sealed
                 // file shorter than its recorded end): damage, never a silent end of the range.
                 return Err(LogError::Storage {
-                    reason: "storage_damaged",
+                    reason: Reason::StorageDamaged,
                     detail: format!("segment {key:?} holds no record at offset {from}"),
                 });
             }
@@ -426,7 +427,7 @@ impl Broker {
                 let read = self.read_copy(key, from, wanted, bytes_max).await;
                 if sealed
                     && settled_on.contains(&copy)
-                    && matches!(&read, Err(error) if error.reason() == "storage_damaged")
+                    && matches!(&read, Err(error) if error.kind() == Some(Reason::StorageDamaged))
                 {
                     // Damage found by a read: this copy leaves the read path, healing
                     // rebuilds it.

@@ -9,6 +9,7 @@
 //! two steps leaves a sealed head that metadata still calls active; the next produce to it finds
 //! the fence and asks for a roll, which completes the step.
 
+use malachi_reason::Reason;
 use std::sync::Arc;
 
 use malachi_cluster::replication::replicas_fewest;
@@ -253,7 +254,7 @@ impl Broker {
             tracing::error!(?key, %error, "sealing a write head failed on storage");
             self.data.evict_poisoned(key, &segment);
             LogError::Storage {
-                reason: "unfenced",
+                reason: Reason::Unfenced,
                 detail: format!(
                     "the write head of range {} could not be sealed: {error}",
                     key.range_id

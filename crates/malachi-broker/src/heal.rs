@@ -24,6 +24,7 @@
 use malachi_log::SealInfo;
 use malachi_meta::MetaCommand;
 use malachi_meta::placement::{self, Candidate};
+use malachi_reason::Reason;
 
 use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
@@ -429,7 +430,7 @@ impl Broker {
     async fn abandon(&self, key: SegmentKey, why: &str) -> LogError {
         self.data.forget(key);
         LogError::Storage {
-            reason: "storage_damaged",
+            reason: Reason::StorageDamaged,
             detail: format!("rebuilding {key:?}: {why}"),
         }
     }

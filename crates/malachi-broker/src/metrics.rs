@@ -12,6 +12,7 @@
 //!
 //! Nothing here decides anything: the timer reads the runtime's clock only to measure.
 
+use malachi_reason::Reason;
 use std::collections::BTreeSet;
 use std::sync::Mutex;
 
@@ -268,7 +269,7 @@ impl Metrics {
     pub fn login(&self, method: &str, outcome: &str) {
         let labels = LoginLabels { method: method.to_string(), outcome: outcome.to_string() };
         self.logins.get_or_create(&labels).inc();
-        if outcome == "rate_limited" {
+        if outcome == Reason::RateLimited.as_str() {
             self.refused_for_rate("login");
         }
     }

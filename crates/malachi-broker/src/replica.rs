@@ -23,6 +23,7 @@
 //! appends there and asks for the head to be sealed by failover (`failover.rs`), which seals
 //! at the highest durable end a quorum of the replicas reports.
 
+use malachi_reason::Reason;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -520,12 +521,12 @@ impl Broker {
                     "this copy holds no records to ship at the start of a span"
                 );
                 let detail = format!("no records at {start} to ship");
-                Err(LogError::Storage { reason: "storage_failed", detail })
+                Err(LogError::Storage { reason: Reason::StorageFailed, detail })
             }
             Ok(batch) => Ok(batch.records.into_iter().map(|stored| stored.record).collect()),
             Err(error) => {
                 tracing::warn!(?key, start, %error, "reading records to ship failed");
-                Err(LogError::Storage { reason: "storage_failed", detail: error.to_string() })
+                Err(LogError::Storage { reason: Reason::StorageFailed, detail: error.to_string() })
             }
         }
     }

@@ -16,6 +16,7 @@
 //! voter ([`preferred_leaders`]: the live voter leading the fewest vnodes so far), so the
 //! vnodes' coordinators, and their metadata writes, spread over the brokers.
 
+use malachi_reason::Reason;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -49,12 +50,12 @@ pub enum RemoveError {
 
 impl RemoveError {
     /// The wire reason.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            RemoveError::NoSuchBroker(_) => "no_such_broker",
-            RemoveError::HoldsSegments { .. } => "broker_holds_segments",
-            RemoveError::RemoveSelf => "cannot_remove_self",
-            RemoveError::Unavailable(_) => "metadata_unavailable",
+            RemoveError::NoSuchBroker(_) => Reason::NoSuchBroker,
+            RemoveError::HoldsSegments { .. } => Reason::BrokerHoldsSegments,
+            RemoveError::RemoveSelf => Reason::CannotRemoveSelf,
+            RemoveError::Unavailable(_) => Reason::MetadataUnavailable,
         }
     }
 }

@@ -35,6 +35,7 @@ const PURE: &[(&str, &str)] = &[
 /// Decision code, relative to the workspace root, and whether it must also be pure.
 const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-meta/src", true),
+    ("crates/malachi-reason/src", true),
     ("crates/malachi-check/src", true),
     ("crates/malachi-broker/src/frontier.rs", true),
     ("crates/malachi-broker/src/load.rs", true),

@@ -109,6 +109,10 @@ mod tests {
             ("no_such_topic", Some(Reason::NoSuchTopic), false),
             ("policy_in_use: orders, audit", Some(Reason::PolicyInUse), false),
             ("{:unroutable, \"k1\"}", Some(Reason::Unroutable), true),
+            // The brokers' retry class, the same table (they once disagreed on these).
+            ("storage_failed", Some(Reason::StorageFailed), true),
+            ("disk_full", Some(Reason::DiskFull), true),
+            ("storage_damaged", Some(Reason::StorageDamaged), false),
             ("something_new", None, false),
         ];
         for (text, reason, retryable) in cases {

@@ -3,6 +3,7 @@
 //! the admin actions (split, merge, delete) behind a session, its CSRF token and the same
 //! origin. Ids and keyspace points are strings: JavaScript numbers lose integers past 2^53.
 
+use malachi_reason::Reason;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -25,13 +26,12 @@ fn refused(status: StatusCode, reason: &str) -> Response {
 }
 
 fn log_error(error: &malachi_broker::error::LogError) -> Response {
-    let reason = error.reason();
-    let status = match reason.as_str() {
-        "no_such_topic" | "no_such_range" => StatusCode::NOT_FOUND,
+    let status = match error.kind() {
+        Some(Reason::NoSuchTopic | Reason::NoSuchRange) => StatusCode::NOT_FOUND,
         _ if error.is_retryable() => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::UNPROCESSABLE_ENTITY,
     };
-    refused(status, &reason)
+    refused(status, &error.reason())
 }
 
 /// The viewer of a request, if it may see the console.
@@ -40,7 +40,7 @@ fn viewer(state: &AppState, headers: &HeaderMap, peer: SocketAddr) -> Option<cra
 }
 
 fn login_required() -> Response {
-    refused(StatusCode::UNAUTHORIZED, "login_required")
+    refused(StatusCode::UNAUTHORIZED, Reason::LoginRequired.as_str())
 }
 
 pub(crate) async fn overview(

@@ -11,6 +11,7 @@ mod api;
 mod listener;
 mod sessions;
 
+use malachi_reason::Reason;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
@@ -264,18 +265,19 @@ impl AppState {
         address: IpAddr,
     ) -> Result<ConsoleSession, (StatusCode, &'static str)> {
         if !same_origin(headers) {
-            return Err((StatusCode::FORBIDDEN, "cross_site_request"));
+            return Err((StatusCode::FORBIDDEN, Reason::CrossSiteRequest.as_str()));
         }
         let viewer = self
             .viewer(headers, address)
-            .map_err(|_| (StatusCode::UNAUTHORIZED, "login_required"))?;
-        let session = viewer.session.ok_or((StatusCode::UNAUTHORIZED, "login_required"))?;
+            .map_err(|_| (StatusCode::UNAUTHORIZED, Reason::LoginRequired.as_str()))?;
+        let session =
+            viewer.session.ok_or((StatusCode::UNAUTHORIZED, Reason::LoginRequired.as_str()))?;
         if !session.admin {
-            return Err((StatusCode::FORBIDDEN, "permission_denied"));
+            return Err((StatusCode::FORBIDDEN, Reason::PermissionDenied.as_str()));
         }
         let csrf = headers.get(CSRF_HEADER).and_then(|value| value.to_str().ok());
         if csrf != Some(session.csrf.as_str()) {
-            return Err((StatusCode::FORBIDDEN, "csrf_token_mismatch"));
+            return Err((StatusCode::FORBIDDEN, Reason::CsrfTokenMismatch.as_str()));
         }
         Ok(session)
     }

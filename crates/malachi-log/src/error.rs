@@ -3,6 +3,8 @@
 
 use std::io;
 
+use malachi_reason::Reason;
+
 use crate::format::{FrameError, HeaderError};
 use crate::limits::LimitError;
 
@@ -26,10 +28,10 @@ impl PoisonCause {
         }
     }
 
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            PoisonCause::NoSpace => "disk_full",
-            PoisonCause::Write(_) | PoisonCause::Sync(_) => "storage_failed",
+            PoisonCause::NoSpace => Reason::DiskFull,
+            PoisonCause::Write(_) | PoisonCause::Sync(_) => Reason::StorageFailed,
         }
     }
 }
@@ -45,9 +47,9 @@ pub enum AppendError {
 }
 
 impl AppendError {
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            AppendError::Sealed { .. } => "segment_sealed",
+            AppendError::Sealed { .. } => Reason::SegmentSealed,
             AppendError::Limit(limit) => limit.reason(),
             AppendError::Poisoned { cause } => cause.reason(),
         }

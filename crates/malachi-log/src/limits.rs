@@ -1,5 +1,7 @@
 //! Explicit bounds on what one append may carry, checked before a byte is staged.
 
+use malachi_reason::Reason;
+
 use crate::format::{self, FRAME_PAYLOAD_BYTES_MAX};
 use crate::record::Record;
 
@@ -45,14 +47,14 @@ pub enum LimitError {
 }
 
 impl LimitError {
-    /// The stable reason string for logs and the wire.
-    pub fn reason(&self) -> &'static str {
+    /// The reason for logs and the wire.
+    pub fn reason(&self) -> Reason {
         match self {
-            LimitError::RecordTooLarge { .. } => "record_too_large",
-            LimitError::KeyTooLarge { .. } => "key_too_large",
-            LimitError::TooManyHeaders { .. } => "too_many_headers",
-            LimitError::TooManyRecords { .. } => "batch_too_many_records",
-            LimitError::BatchTooLarge { .. } => "batch_too_large",
+            LimitError::RecordTooLarge { .. } => Reason::RecordTooLarge,
+            LimitError::KeyTooLarge { .. } => Reason::KeyTooLarge,
+            LimitError::TooManyHeaders { .. } => Reason::TooManyHeaders,
+            LimitError::TooManyRecords { .. } => Reason::BatchTooManyRecords,
+            LimitError::BatchTooLarge { .. } => Reason::BatchTooLarge,
         }
     }
 }
@@ -132,13 +134,13 @@ mod tests {
             append_records_max: 3,
             append_bytes_max: 400,
         };
-        let cases: &[(Vec<Record>, Option<&str>)] = &[
+        let cases: &[(Vec<Record>, Option<Reason>)] = &[
             (vec![record(10, 90, 0)], None),
-            (vec![record(10, 91, 0)], Some("record_too_large")),
-            (vec![record(11, 0, 0)], Some("key_too_large")),
-            (vec![record(1, 0, 3)], Some("too_many_headers")),
-            (vec![record(1, 0, 0); 4], Some("batch_too_many_records")),
-            (vec![record(10, 90, 0); 3], Some("batch_too_large")),
+            (vec![record(10, 91, 0)], Some(Reason::RecordTooLarge)),
+            (vec![record(11, 0, 0)], Some(Reason::KeyTooLarge)),
+            (vec![record(1, 0, 3)], Some(Reason::TooManyHeaders)),
+            (vec![record(1, 0, 0); 4], Some(Reason::BatchTooManyRecords)),
+            (vec![record(10, 90, 0); 3], Some(Reason::BatchTooLarge)),
         ];
         for (records, expected) in cases {
             let got = limits.check(records).err().map(|error| error.reason());

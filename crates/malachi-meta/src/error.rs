@@ -1,9 +1,11 @@
-//! Typed errors, one enum per area, each with `reason()`: the exact text a wire response
-//! carries (`wire-protocol.md` sections 3.4, 3.5 and 4; reasons it does not list are ours and
-//! documented on the variant). Every error here is a refusal the caller can handle: the
+//! Typed errors, one enum per area, each with `reason()`: its entry in the workspace's one table
+//! of reasons (`malachi-reason`; `wire-protocol.md` sections 3.4, 3.5 and 4, reasons it does
+//! not list are ours and documented on the variant), and where the answer carries detail,
+//! `reason_text()`, the exact text. Every error here is a refusal the caller can handle: the
 //! machine's state is unchanged. Broken invariants are not errors; they are assertions. Does no
 //! I/O.
 
+use malachi_reason::Reason;
 use serde::{Deserialize, Serialize};
 
 /// Any refusal of a [`crate::MetaCommand`].
@@ -30,15 +32,23 @@ pub enum MetaError {
 }
 
 impl MetaError {
-    pub fn reason(&self) -> String {
+    pub fn reason(&self) -> Reason {
         match self {
             MetaError::Topic(error) => error.reason(),
             MetaError::Range(error) => error.reason(),
             MetaError::Group(error) => error.reason(),
             MetaError::Policy(error) => error.reason(),
             MetaError::Retention(error) => error.reason(),
-            MetaError::StaleCoordinator { .. } => "stale_coordinator".into(),
-            MetaError::NotCoordinated => "not_coordinated".into(),
+            MetaError::StaleCoordinator { .. } => Reason::StaleCoordinator,
+            MetaError::NotCoordinated => Reason::NotCoordinated,
+        }
+    }
+
+    /// The exact text an answer carries: the reason, with detail where it has any.
+    pub fn reason_text(&self) -> String {
+        match self {
+            MetaError::Policy(error) => error.reason_text(),
+            other => other.reason().as_str().to_owned(),
         }
     }
 }
@@ -80,22 +90,21 @@ pub enum TopicError {
 }
 
 impl TopicError {
-    pub fn reason(&self) -> String {
-        let reason = match self {
-            TopicError::InvalidTopicName => "invalid_topic_name",
-            TopicError::AlreadyExists => "already_exists",
-            TopicError::NoSuchTopic => "no_such_topic",
-            TopicError::InvalidRangeCount { .. } => "invalid_range_count",
-            TopicError::InvalidSegmentRoll { .. } => "invalid_segment_roll",
+    pub fn reason(&self) -> Reason {
+        match self {
+            TopicError::InvalidTopicName => Reason::InvalidTopicName,
+            TopicError::AlreadyExists => Reason::AlreadyExists,
+            TopicError::NoSuchTopic => Reason::NoSuchTopic,
+            TopicError::InvalidRangeCount { .. } => Reason::InvalidRangeCount,
+            TopicError::InvalidSegmentRoll { .. } => Reason::InvalidSegmentRoll,
             TopicError::TooManyTopics { .. } | TopicError::TooManyTopicsForCreator { .. } => {
-                "too_many_topics"
+                Reason::TooManyTopics
             }
-            TopicError::TooManyRanges { .. } => "too_many_ranges",
-            TopicError::InvalidReplicas { .. } => "invalid_replicas",
-            TopicError::WrongVnode { .. } => "wrong_vnode",
-            TopicError::ArcRefused { .. } => "arc_refused",
-        };
-        reason.to_string()
+            TopicError::TooManyRanges { .. } => Reason::TooManyRanges,
+            TopicError::InvalidReplicas { .. } => Reason::InvalidReplicas,
+            TopicError::WrongVnode { .. } => Reason::WrongVnode,
+            TopicError::ArcRefused { .. } => Reason::ArcRefused,
+        }
     }
 }
 
@@ -146,24 +155,23 @@ pub enum RangeError {
 }
 
 impl RangeError {
-    pub fn reason(&self) -> String {
-        let reason = match self {
-            RangeError::NoSuchRange { .. } => "no_such_range",
-            RangeError::RangeSealed { .. } => "range_sealed",
-            RangeError::Unfenced { .. } => "unfenced",
-            RangeError::NotActiveSegment { .. } => "seal_mismatch",
-            RangeError::AlreadySealed { .. } => "segment_already_sealed",
-            RangeError::SealConflict { .. } => "seal_conflict",
-            RangeError::RangeTooSmall { .. } => "range_too_small",
-            RangeError::NotBuddies { .. } => "not_buddies",
+    pub fn reason(&self) -> Reason {
+        match self {
+            RangeError::NoSuchRange { .. } => Reason::NoSuchRange,
+            RangeError::RangeSealed { .. } => Reason::RangeSealed,
+            RangeError::Unfenced { .. } => Reason::Unfenced,
+            RangeError::NotActiveSegment { .. } => Reason::SealMismatch,
+            RangeError::AlreadySealed { .. } => Reason::SegmentAlreadySealed,
+            RangeError::SealConflict { .. } => Reason::SealConflict,
+            RangeError::RangeTooSmall { .. } => Reason::RangeTooSmall,
+            RangeError::NotBuddies { .. } => Reason::NotBuddies,
             RangeError::TooManyActiveRanges { .. } | RangeError::TooManyRangesInAll { .. } => {
-                "too_many_ranges"
+                Reason::TooManyRanges
             }
-            RangeError::RangeHistoryFull { .. } => "range_history_full",
-            RangeError::TooManySegments { .. } => "too_many_segments",
-            RangeError::InvalidReplicas { .. } => "invalid_replicas",
-        };
-        reason.to_string()
+            RangeError::RangeHistoryFull { .. } => Reason::RangeHistoryFull,
+            RangeError::TooManySegments { .. } => Reason::TooManySegments,
+            RangeError::InvalidReplicas { .. } => Reason::InvalidReplicas,
+        }
     }
 }
 
@@ -187,15 +195,14 @@ pub enum GroupError {
 }
 
 impl GroupError {
-    pub fn reason(&self) -> String {
-        let reason = match self {
-            GroupError::InvalidGroupName => "invalid_group",
-            GroupError::NoSuchRange { .. } => "no_such_range",
-            GroupError::InvalidPosition { .. } => "invalid_cursor",
-            GroupError::GenerationMismatch { .. } => "generation_mismatch",
-            GroupError::TooManyGroups { .. } => "too_many_groups",
-        };
-        reason.to_string()
+    pub fn reason(&self) -> Reason {
+        match self {
+            GroupError::InvalidGroupName => Reason::InvalidGroup,
+            GroupError::NoSuchRange { .. } => Reason::NoSuchRange,
+            GroupError::InvalidPosition { .. } => Reason::InvalidCursor,
+            GroupError::GenerationMismatch { .. } => Reason::GenerationMismatch,
+            GroupError::TooManyGroups { .. } => Reason::TooManyGroups,
+        }
     }
 }
 
@@ -227,26 +234,39 @@ pub enum PolicyError {
 const POLICY_IN_USE_NAMES_MAX: usize = 64;
 
 impl PolicyError {
-    pub fn reason(&self) -> String {
+    pub fn reason(&self) -> Reason {
         match self {
-            PolicyError::InvalidPolicyName => "invalid_policy_name".to_string(),
-            PolicyError::InvalidTopic => "invalid_topic".to_string(),
-            PolicyError::NoSuchPolicy => "no_such_policy".to_string(),
-            PolicyError::NoSuchTopic => "no_such_topic".to_string(),
+            PolicyError::InvalidPolicyName => Reason::InvalidPolicyName,
+            PolicyError::InvalidTopic => Reason::InvalidTopic,
+            PolicyError::NoSuchPolicy => Reason::NoSuchPolicy,
+            PolicyError::NoSuchTopic => Reason::NoSuchTopic,
+            PolicyError::PolicyInUse { .. } => Reason::PolicyInUse,
+            PolicyError::UnknownField(_) => Reason::UnknownPolicyField,
+            PolicyError::DuplicateField(_) => Reason::DuplicatePolicyField,
+            PolicyError::InvalidField(_) => Reason::InvalidPolicyField,
+            PolicyError::TooManyPolicies { .. } => Reason::InvalidPolicy,
+        }
+    }
+
+    /// The exact text of section 3.5: the reason, then the detail most of these carry.
+    pub fn reason_text(&self) -> String {
+        let reason = self.reason();
+        match self {
             PolicyError::PolicyInUse { topics } => policy_in_use_reason(topics),
-            PolicyError::UnknownField(field) => format!("unknown_policy_field: {field}"),
-            PolicyError::DuplicateField(field) => format!("duplicate_policy_field: {field}"),
-            PolicyError::InvalidField(field) => format!("invalid_policy_field: {field}"),
+            PolicyError::UnknownField(field)
+            | PolicyError::DuplicateField(field)
+            | PolicyError::InvalidField(field) => format!("{reason}: {field}"),
             PolicyError::TooManyPolicies { limit } => {
-                format!("invalid_policy: {limit} policies are already defined")
+                format!("{reason}: {limit} policies are already defined")
             }
+            _ => reason.as_str().to_owned(),
         }
     }
 }
 
 fn policy_in_use_reason(topics: &[String]) -> String {
     let shown = &topics[..topics.len().min(POLICY_IN_USE_NAMES_MAX)];
-    let mut reason = format!("policy_in_use: {}", shown.join(", "));
+    let mut reason = format!("{}: {}", Reason::PolicyInUse, shown.join(", "));
     if topics.len() > shown.len() {
         reason.push_str(&format!(" and {} more", topics.len() - shown.len()));
     }
@@ -270,15 +290,14 @@ pub enum RetentionError {
 }
 
 impl RetentionError {
-    pub fn reason(&self) -> String {
-        let reason = match self {
-            RetentionError::NoSuchRange { .. } => "no_such_range",
-            RetentionError::ActiveSegment { .. } => "segment_active",
-            RetentionError::NotOldest { .. } => "segment_not_oldest",
-            RetentionError::WrongRange { .. } => "segment_range_mismatch",
-            RetentionError::TooManyItems { .. } => "too_many_items",
-        };
-        reason.to_string()
+    pub fn reason(&self) -> Reason {
+        match self {
+            RetentionError::NoSuchRange { .. } => Reason::NoSuchRange,
+            RetentionError::ActiveSegment { .. } => Reason::SegmentActive,
+            RetentionError::NotOldest { .. } => Reason::SegmentNotOldest,
+            RetentionError::WrongRange { .. } => Reason::SegmentRangeMismatch,
+            RetentionError::TooManyItems { .. } => Reason::TooManyItems,
+        }
     }
 }
 
@@ -321,22 +340,29 @@ pub enum AdminError {
 }
 
 impl AdminError {
-    pub fn reason(&self) -> String {
-        let reason = match self {
-            AdminError::Policy(error) => return error.reason(),
-            AdminError::InvalidPermissions => "invalid_permissions",
-            AdminError::UserExists => "user_exists",
-            AdminError::UserNotFound => "user_not_found",
-            AdminError::InvalidOperation => "invalid_operation",
-            AdminError::InvalidAcl => "invalid_acl",
-            AdminError::InvalidRole => "invalid_role",
-            AdminError::InvalidUsername => "invalid_username",
-            AdminError::InvalidPasswordHash => "invalid_password_hash",
-            AdminError::InvalidAddress => "invalid_address",
-            AdminError::TooManyUsers { .. } => "too_many_users",
-            AdminError::TooManyAcls { .. } => "too_many_acls",
-            AdminError::InvalidBroker(_) => "invalid_broker",
-        };
-        reason.to_string()
+    pub fn reason(&self) -> Reason {
+        match self {
+            AdminError::Policy(error) => error.reason(),
+            AdminError::InvalidPermissions => Reason::InvalidPermissions,
+            AdminError::UserExists => Reason::UserExists,
+            AdminError::UserNotFound => Reason::UserNotFound,
+            AdminError::InvalidOperation => Reason::InvalidOperation,
+            AdminError::InvalidAcl => Reason::InvalidAcl,
+            AdminError::InvalidRole => Reason::InvalidRole,
+            AdminError::InvalidUsername => Reason::InvalidUsername,
+            AdminError::InvalidPasswordHash => Reason::InvalidPasswordHash,
+            AdminError::InvalidAddress => Reason::InvalidAddress,
+            AdminError::TooManyUsers { .. } => Reason::TooManyUsers,
+            AdminError::TooManyAcls { .. } => Reason::TooManyAcls,
+            AdminError::InvalidBroker(_) => Reason::InvalidBroker,
+        }
+    }
+
+    /// The exact text an answer carries: the reason, with detail where it has any.
+    pub fn reason_text(&self) -> String {
+        match self {
+            AdminError::Policy(error) => error.reason_text(),
+            other => other.reason().as_str().to_owned(),
+        }
     }
 }

@@ -244,7 +244,7 @@ impl Connection {
             return Outcome::Reply(ResponseFrame::error(corr, Reason::PermissionDenied));
         }
         if crate::dispatch::is_stream_key(key) {
-            return Outcome::Reply(ResponseFrame::error_text(corr, "unsupported"));
+            return Outcome::Reply(ResponseFrame::error(corr, Reason::Unsupported));
         }
         let request = match envelope.decode() {
             Ok(frame) => frame.request,

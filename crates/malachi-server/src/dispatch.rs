@@ -234,7 +234,7 @@ async fn create_user(
     };
     let Some(permissions) = request.permissions.iter().map(text).collect::<Option<Vec<String>>>()
     else {
-        return Err(AdminError::InvalidPermissions.reason());
+        return Err(AdminError::InvalidPermissions.reason_text());
     };
     let password_hash = new_password_hash(connection, password).await?;
     let command = AdminCommand::CreateUser { username, password_hash, permissions, role: None };
@@ -265,7 +265,11 @@ async fn change_password(
 /// The hash of a new password, or `invalid_password` if it is shorter than
 /// `MALACHI_MIN_PASSWORD_LEN` (checked before any Argon2 work).
 async fn new_password_hash(connection: &Connection, password: String) -> Result<String, String> {
-    connection.broker.hash_new_password(password).await.map_err(|error| error.reason().into())
+    connection
+        .broker
+        .hash_new_password(password)
+        .await
+        .map_err(|error| error.reason().as_str().to_owned())
 }
 
 fn acl_command(request: &AclRequest, grant: bool) -> AdminCommand {

@@ -191,7 +191,7 @@ mod tests {
         ];
         for (at, (command, expected)) in steps.into_iter().enumerate() {
             let outcome = state.apply(command);
-            let got = outcome.as_ref().map_or_else(|error| error.reason(), |_| "ok".into());
+            let got = outcome.as_ref().map_or_else(|error| error.reason_text(), |_| "ok".into());
             assert_eq!(got, expected, "step {at}");
             state.check_invariants().unwrap();
         }

@@ -49,7 +49,7 @@ fn assert_refused(state: &mut AdminState, command: AdminCommand, reason: &str) {
     let (before, hash) = (state.clone(), state.state_hash());
     match state.apply(command.clone()) {
         Ok(response) => panic!("{command:?} accepted: {response:?}"),
-        Err(error) => assert_eq!(error.reason(), reason, "{command:?}"),
+        Err(error) => assert_eq!(error.reason_text(), reason, "{command:?}"),
     }
     assert_eq!((state.state_hash(), &*state), (hash, &before), "{command:?} changed the state");
 }

@@ -31,7 +31,7 @@ fn admin_ok(admin: &mut AdminState, command: AdminCommand) -> AdminResponse {
 fn admin_refused(admin: &mut AdminState, command: AdminCommand, reason: &str) {
     let before = admin.clone();
     let error = admin.apply(command.clone()).expect_err("refused");
-    assert_eq!(error.reason(), reason, "{command:?}");
+    assert_eq!(error.reason_text(), reason, "{command:?}");
     assert_eq!(admin, &before, "a refusal changes nothing: {command:?}");
 }
 
@@ -90,7 +90,7 @@ fn from_fields_table() {
         ),
     ];
     for (fields, expected) in cases {
-        let result = PolicyDefinition::from_fields(&fields).map_err(|error| error.reason());
+        let result = PolicyDefinition::from_fields(&fields).map_err(|error| error.reason_text());
         assert_eq!(result, expected, "{fields:?}");
         if let Ok(definition) = result {
             let round_trip = PolicyDefinition::from_fields(&definition.to_fields());
@@ -155,7 +155,7 @@ fn delete_in_use_needs_force_and_leaves_bindings_unresolved() {
 #[test]
 fn policy_in_use_reason_is_bounded() {
     let topics: Vec<String> = (0..70).map(|index| format!("t{index:02}")).collect();
-    let reason = PolicyError::PolicyInUse { topics }.reason();
+    let reason = PolicyError::PolicyInUse { topics }.reason_text();
     assert!(reason.starts_with("policy_in_use: t00, t01, "));
     assert!(reason.ends_with("t63 and 6 more"), "{reason}");
 }

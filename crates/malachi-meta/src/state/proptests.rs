@@ -727,7 +727,7 @@ impl StateMachineTest for MetaMachine {
         harness.log.push(command.clone());
         let hash_before = harness.state.state_hash();
         let result = harness.state.apply(command.clone());
-        let outcome = result.as_ref().map(|_| ()).map_err(|error| error.reason());
+        let outcome = result.as_ref().map(|_| ()).map_err(|error| error.reason_text());
         assert_eq!(outcome, model.outcome, "{command:?}");
         if outcome.is_err() {
             assert_eq!(harness.state.state_hash(), hash_before, "a refusal changed the state");

@@ -40,7 +40,7 @@ fn replaying_a_log_gives_the_same_state() {
         let mut state = MetaState::default();
         let outcomes: Vec<Result<MetaResponse, String>> = scripted_log()
             .into_iter()
-            .map(|command| state.apply(command).map_err(|error| error.reason()))
+            .map(|command| state.apply(command).map_err(|error| error.reason_text()))
             .collect();
         (state, outcomes)
     };
@@ -137,7 +137,7 @@ fn stale_coordinator_commands_are_refused_and_counted() {
     for (at, (term, expected)) in steps.into_iter().enumerate() {
         let roll = roll(&state, 1, 0, 10 * (at as u64 + 1), NOW_MS + at as u64);
         let outcome = state.apply(coordinated(term, roll));
-        let got = outcome.as_ref().map_or_else(|error| error.reason(), |_| "ok".to_string());
+        let got = outcome.as_ref().map_or_else(|error| error.reason_text(), |_| "ok".to_string());
         assert_eq!(got, expected, "step {at}");
     }
     assert_eq!(state.stale_coordinator_commands(), 1);
