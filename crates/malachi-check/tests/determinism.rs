@@ -55,7 +55,9 @@ const DECISION_CODE: &[(&str, bool)] = &[
     // The cluster's decisions on a broker: the vnodes, their coordinators, the seats and
     // leadership, policies, forwarding.
     ("crates/malachi-broker/src/vnodes.rs", false),
-    ("crates/malachi-broker/src/coordinator.rs", false),
+    // The coordinator's decisions are a sans-IO machine (its driver is `coordinate.rs`).
+    ("crates/malachi-broker/src/coordinator.rs", true),
+    ("crates/malachi-broker/src/coordinator", true),
     ("crates/malachi-broker/src/coordinate.rs", false),
     ("crates/malachi-broker/src/heads.rs", false),
     ("crates/malachi-broker/src/seats.rs", false),
@@ -75,8 +77,15 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-consensus/src/network.rs", false),
     ("crates/malachi-consensus/src/watch.rs", false),
     ("crates/malachi-consensus/src/backend.rs", false),
-    // Membership: sans-IO, but it names socket address types (`std::net`).
-    ("crates/malachi-cluster/src", false),
+    // Replication's primary is a pure machine; membership is sans-IO too, but it names socket
+    // address types (`std::net`).
+    ("crates/malachi-cluster/src/lib.rs", true),
+    ("crates/malachi-cluster/src/replication.rs", true),
+    ("crates/malachi-cluster/src/replication", true),
+    ("crates/malachi-cluster/src/membership.rs", false),
+    ("crates/malachi-cluster/src/membership", false),
+    ("crates/malachi-cluster/src/peer.rs", false),
+    ("crates/malachi-cluster/src/peer", false),
     ("crates/malachi-sim/src/world.rs", false),
     ("crates/malachi-sim/src/net.rs", false),
     ("crates/malachi-sim/src/node.rs", false),
