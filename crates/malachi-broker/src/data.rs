@@ -182,6 +182,14 @@ pub struct DataPlane {
     canary_skip_dir_sync: bool,
 }
 
+impl Drop for DataPlane {
+    /// The segments the journal holds open behind it hold its committer: released here, or a
+    /// stopped broker's journal, segments and files would never be freed.
+    fn drop(&mut self) {
+        self.committer.release_segments();
+    }
+}
+
 #[derive(Debug)]
 struct Handle {
     segment: Arc<Segment>,

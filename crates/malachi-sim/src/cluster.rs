@@ -1001,6 +1001,19 @@ impl ClusterWorld {
         self.trace.push(format!("{} {line}", self.now_ms));
     }
 
+    /// A broker that stops releases every task, buffer and file it held (or it would after a
+    /// failover in production too): once all are down, each disk is held by its node alone.
+    fn check_released(&mut self) {
+        for node in &self.nodes {
+            let holders = node.storage.holders();
+            if holders != 1 {
+                let id = node.node_id;
+                self.findings
+                    .push(format!("broker {id}'s disk is held {holders} times after it stopped"));
+            }
+        }
+    }
+
     fn finish(mut self) -> RunOutcome {
         self.stats.simulated_ms = self.now_ms;
         self.stats.connection_resets = self.net.resets();
@@ -1024,6 +1037,7 @@ impl ClusterWorld {
         for node in &mut self.nodes {
             node.crash(&self.net);
         }
+        self.check_released();
         let seed_line =
             format!("cluster of {} (seeds at {})", self.swarm.nodes, cluster_address(1));
         RunOutcome {

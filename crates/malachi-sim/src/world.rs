@@ -345,7 +345,16 @@ pub fn run(options: &RunOptions) -> RunOutcome {
     crate::panics::reset();
     let mut world = World::new(options.clone());
     world.run_phases();
-    world.finish()
+    let disk = world.node.storage.clone();
+    let mut outcome = world.finish();
+    // A broker that stops releases every task, buffer and file it held: once the world is gone
+    // (the clients' runtime too, which may hold the broker's last handles), nothing but this
+    // handle holds its disk.
+    let holders = disk.holders() - 1;
+    if holders != 0 {
+        outcome.findings.push(format!("the broker's disk is held {holders} times after the run"));
+    }
+    outcome
 }
 
 impl World {

@@ -215,6 +215,15 @@ impl Committer {
     }
 
     /// Registers a segment that has just staged its first pending record.
+    /// Lets go of the segments held open behind the journal, unsynced, for an owner that goes
+    /// away (a broker that stops): the journal holds their bytes and the next open replays it,
+    /// as after a crash. Each of them holds this committer, so until then neither is freed (the
+    /// simulator, which runs many brokers in one process, kept every stopped one's disk).
+    pub fn release_segments(&self) {
+        let behind = self.lock_journal().map(|mut state| std::mem::take(&mut state.behind));
+        drop(behind);
+    }
+
     pub(crate) fn mark_dirty(&self, segment: Weak<Segment>) {
         self.lock().dirty.push(segment);
     }

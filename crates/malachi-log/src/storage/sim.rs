@@ -93,6 +93,12 @@ struct SimFileHandle {
 }
 
 impl SimStorage {
+    /// How many handles share this disk: the simulator checks that a stopped node's disk is
+    /// held by the node alone (a broker that stops releases every file it held).
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.state)
+    }
+
     pub fn new(seed: u64) -> SimStorage {
         SimStorage {
             state: Arc::new(Mutex::new(SimState {
