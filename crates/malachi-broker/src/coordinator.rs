@@ -15,6 +15,7 @@
 //! roll requests and load reports. A range with an operation in flight gets no other decision
 //! until the driver reports it finished.
 
+use malachi_log::canary;
 use std::collections::{BTreeMap, BTreeSet};
 
 use malachi_meta::{MetaState, PolicyDefinitions, RetentionDefaults, SegmentRef};
@@ -100,7 +101,7 @@ impl Coordinator {
         if now != self.term {
             self.rates.clear();
             self.last_retention_ms = None;
-            if self.term.is_some() && !self.canary_deposed {
+            if self.term.is_some() && !canary(self.canary_deposed) {
                 // Operations of the old term finish (or fail) on their own; none of their
                 // ranges is held back in a term that will not hear of them.
                 self.busy.clear();
@@ -121,7 +122,7 @@ impl Coordinator {
     pub fn deciding_term(&self) -> Option<u64> {
         match self.term {
             Some(term) => Some(term),
-            None if self.canary_deposed && self.last_term > 0 => Some(self.last_term),
+            None if canary(self.canary_deposed) && self.last_term > 0 => Some(self.last_term),
             None => None,
         }
     }

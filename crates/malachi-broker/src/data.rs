@@ -13,6 +13,7 @@
 //! delete can never interleave with a create of the same file (no orphan files), and the
 //! blocking part runs where the [`IoMode`] says.
 
+use malachi_log::canary;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -435,7 +436,7 @@ impl DataPlane {
             )));
         }
         let clean = self.lock_open().closed.remove(&key);
-        let ensure_dir = match self.canary_skip_dir_sync {
+        let ensure_dir = match canary(self.canary_skip_dir_sync) {
             true => EnsureDir::WithoutSync,
             false if self.durable_dirs_lock().contains(&(key.topic_id, key.range_id)) => {
                 EnsureDir::Done

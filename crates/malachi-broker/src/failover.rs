@@ -28,6 +28,7 @@
 //! A copy that could not be filled or sealed, or that did not answer, is left for healing to
 //! settle or replace.
 
+use malachi_log::canary;
 use malachi_reason::Reason;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -140,7 +141,7 @@ impl Broker {
     /// Seals replicated segment `key` by failover (the module's doc), from any broker.
     pub(crate) async fn seal_by_failover(&self, key: SegmentKey) -> Result<SealReport, LogError> {
         let replicas = self.replicas(key).ok_or(LogError::NoSuchTopic)?;
-        let needed = match self.canaries.seal_without_enough_answers {
+        let needed = match canary(self.canaries.seal_without_enough_answers) {
             true => 1,
             false => replicas.len() - quorum(replicas.len()) + 1,
         };
@@ -158,7 +159,7 @@ impl Broker {
         enough("answer", alive.len())?;
         let fenced = self.fence_copies(key, &alive).await;
         enough("are fenced", fenced.len())?;
-        let seal_end = match self.canaries.promote_follower {
+        let seal_end = match canary(self.canaries.promote_follower) {
             true => promoted_end(&fenced, replicas[0]),
             false => seal_point(&fenced),
         };
@@ -181,7 +182,7 @@ impl Broker {
         at_end.extend(fenced.iter().filter(|copy| copy.end_offset == seal_end).map(|c| c.node_id));
         let sealed = self.seal_copies_at(key, &at_end, seal_end).await;
         // The promote canary's follower becomes the segment alone, as a promoting design's would.
-        let promoted = self.canaries.promote_follower && !sealed.is_empty();
+        let promoted = canary(self.canaries.promote_follower) && !sealed.is_empty();
         if !promoted {
             enough("are sealed at the highest end", sealed.len())?;
         }

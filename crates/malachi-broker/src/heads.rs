@@ -9,6 +9,7 @@
 //! two steps leaves a sealed head that metadata still calls active; the next produce to it finds
 //! the fence and asks for a roll, which completes the step.
 
+use malachi_log::canary;
 use malachi_reason::Reason;
 use std::sync::Arc;
 
@@ -41,7 +42,7 @@ impl Broker {
         debug_assert!(command.is_coordinators(), "only the coordinator's commands: {command:?}");
         let group = &self.vnode_of(topic_id)?.group;
         let command = MetaCommand::Coordinated { term, command: Box::new(command) };
-        let outcome = if self.canaries.coordinate_deposed {
+        let outcome = if canary(self.canaries.coordinate_deposed) {
             group.propose(command).await
         } else {
             group.propose_as_leader(command, term).await
@@ -98,7 +99,7 @@ impl Broker {
         range_id: u32,
     ) -> Result<[u32; 2], LogError> {
         let _reshape = self.vnode_of(topic_id)?.reshape_lock.lock().await;
-        let seal = if self.canaries.skip_split_fence {
+        let seal = if canary(self.canaries.skip_split_fence) {
             self.canary_unfenced_end(topic_id, range_id).await?
         } else {
             self.fence(topic_id, range_id).await?

@@ -23,6 +23,7 @@
 //! appends there and asks for the head to be sealed by failover (`failover.rs`), which seals
 //! at the highest durable end a quorum of the replicas reports.
 
+use malachi_log::canary;
 use malachi_reason::Reason;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -386,7 +387,7 @@ impl Broker {
                 return Err(ReplicatedAppendError::Append(error));
             }
         };
-        if !self.canaries.ack_primary_only {
+        if !canary(self.canaries.ack_primary_only) {
             self.wait_acked(&head, ticket.end_offset).await?;
         }
         Ok(ticket)

@@ -10,6 +10,13 @@ pub mod membership;
 pub mod peer;
 pub mod replication;
 
+/// A simulator canary's switch as these machines read it: off in every build without the
+/// `canaries` feature, which only the simulator (and this crate's own tests) turn on.
+#[inline(always)]
+pub const fn canary(switch: bool) -> bool {
+    cfg!(feature = "canaries") && switch
+}
+
 pub use membership::{
     Change, Membership, MembershipConfig, MembershipError, PeerStatus, Refusal, Roster,
 };

@@ -263,7 +263,7 @@ impl Primary {
         // the span stayed in flight for good and, as nothing follows a span from the file, the
         // follower was shipped nothing more: the segment ran on one copy fewer.
         let short = state.in_flight.front().is_some_and(|span| span.start < end && end < span.end);
-        if short && !self.config.canary_short_answer_wedges {
+        if short && !crate::canary(self.config.canary_short_answer_wedges) {
             let span = state.in_flight.pop_front().expect("front exists");
             state.in_flight_bytes -= span.bytes;
             if state.in_flight.is_empty() {
@@ -453,7 +453,8 @@ impl Primary {
                 state.in_flight.front().map_or(state.durable, |span| span.start);
             // (The canary keeps a span answered short in flight, below the end it answered.)
             assert!(
-                expected_start >= state.durable || self.config.canary_short_answer_wedges,
+                expected_start >= state.durable
+                    || crate::canary(self.config.canary_short_answer_wedges),
                 "{node} shipped below its durable end"
             );
             for span in &state.in_flight {

@@ -8,6 +8,15 @@
 //! sync poisons the segment until it is reopened.
 
 pub mod error;
+
+/// A simulator canary's switch as the store reads it: off in every build without the `canaries`
+/// feature, which only the simulator (and this crate's own tests) turn on, so the deliberate
+/// bugs are compiled out of the broker users run.
+#[inline(always)]
+pub const fn canary(switch: bool) -> bool {
+    cfg!(feature = "canaries") && switch
+}
+
 pub mod format;
 pub mod index;
 pub mod journal;

@@ -233,7 +233,7 @@ impl Segment {
     ) -> Result<(Arc<Segment>, RecoveryReport), OpenError> {
         let (data_path, index_path) = segment_paths(dir, segment_id);
         let file = storage.open(&data_path, OpenMode::Existing)?;
-        if !config.canary_trust_page_cache {
+        if !crate::canary(config.canary_trust_page_cache) {
             // Behind a journal, a failed sync here may drop acknowledged bytes only the journal
             // still holds (written behind it, not yet checkpointed): the committer must stop
             // until a restart replays them, as for a failed sync in a round.
@@ -691,7 +691,7 @@ impl Segment {
 
     /// Whether this segment's batches may be acknowledged without a sync (the canary).
     fn skips_sync(&self) -> bool {
-        self.config.canary_ack_before_fsync
+        crate::canary(self.config.canary_ack_before_fsync)
     }
 
     /// For a round: publishes a batch's outcome. Only a write *and* a sync move the durable end.
@@ -957,7 +957,7 @@ fn recover_unsealed(
 /// Whether the valid frames `after` a bad frame at `position` prove it was durable (see
 /// [`recover_unsealed`]).
 fn is_damage(after: &AfterBadFrame, position: u64, config: &SegmentConfig) -> bool {
-    if after.valid_frames == 0 || config.canary_cut_damage {
+    if after.valid_frames == 0 || crate::canary(config.canary_cut_damage) {
         return false;
     }
     let write_bytes_max = config.group_commit.batch_bytes_max.max(config.limits.append_bytes_max);
