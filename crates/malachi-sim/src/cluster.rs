@@ -10,6 +10,7 @@
 //! Same seed, same trace hash: every broker's runtime, every random stream and the network are
 //! driven from the one seed, one millisecond per tick, brokers stepped in order.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -753,38 +754,45 @@ impl ClusterWorld {
 
     /// Every settled copy of a sealed replicated segment holds the same bytes: the recorded
     /// length, and the same file on every replica but for each copy's own write marks (see
-    /// [`without_write_marks`]).
+    /// [`without_write_marks`]). Each broker's copies are judged by its own metadata view: a
+    /// broker deletes a copy only once its view no longer lists it (expired, or dropped), so
+    /// another broker's view, which may lag behind, would count a copy rightly deleted.
     fn check_copies(&mut self) {
-        let Some(index) = self.serving() else { return };
-        let Some(broker) = self.nodes[index].broker() else { return };
-        let mut compared = 0u64;
-        for sealed in sealed_segments(&broker) {
-            let mut first: Option<(u64, Vec<u8>)> = None;
-            for &node_id in &sealed.settled_on {
-                let node = &self.nodes[node_id as usize - 1];
+        let mut copies: BTreeMap<SegmentKey, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
+        for (index, node) in self.nodes.iter().enumerate() {
+            let Some(broker) = node.broker() else { continue };
+            let node_id = index as u64 + 1;
+            let settled_here = sealed_segments(&broker)
+                .into_iter()
+                .filter(|sealed| sealed.settled_on.contains(&node_id));
+            for sealed in settled_here {
                 let bytes = node.storage.written_bytes(&segment_path(&node.data_dir, sealed.key));
-                let bytes = bytes.map(without_write_marks);
-                let Some(bytes) = bytes else {
+                let Some(bytes) = bytes.map(without_write_marks) else {
                     self.findings.push(format!(
                         "CopiesDiffer: segment {} is settled on node {node_id}, which has no file",
                         sealed.key.segment_id
                     ));
                     continue;
                 };
-                match &first {
-                    None => first = Some((node_id, bytes)),
-                    Some((other, expected)) if *expected != bytes => {
-                        let at = expected.iter().zip(&bytes).position(|(a, b)| a != b);
-                        self.findings.push(format!(
-                            "CopiesDiffer: segment {}'s settled copies on nodes {other} and \
-                             {node_id} differ ({} and {} bytes, first at byte {at:?})",
-                            sealed.key.segment_id,
-                            expected.len(),
-                            bytes.len()
-                        ));
-                    }
-                    Some(_) => compared += 1,
+                copies.entry(sealed.key).or_default().push((node_id, bytes));
+            }
+        }
+        let mut compared = 0u64;
+        for (key, copies) in &copies {
+            let (first, expected) = &copies[0];
+            for (node_id, bytes) in &copies[1..] {
+                if bytes == expected {
+                    compared += 1;
+                    continue;
                 }
+                let at = expected.iter().zip(bytes).position(|(a, b)| a != b);
+                self.findings.push(format!(
+                    "CopiesDiffer: segment {}'s settled copies on nodes {first} and {node_id} \
+                     differ ({} and {} bytes, first at byte {at:?})",
+                    key.segment_id,
+                    expected.len(),
+                    bytes.len()
+                ));
             }
         }
         self.record(format!("settled copies compared: {compared} identical"));

@@ -150,7 +150,7 @@ fn cluster_seeds_pass() {
 /// Cluster seeds run with the replication faults (storage faults on any broker, damaged sealed
 /// copies, healing awaited, settled copies compared); each but 1 found a bug (docs/testing.md).
 const REPLICA_FAULT_SEEDS: &[u64] =
-    &[0, 1, 3, 8, 37, 41, 150, 151, 167, 170, 8112110, 8200015, 8200127, 8400166];
+    &[0, 1, 3, 8, 37, 41, 150, 151, 167, 170, 8112110, 8200015, 8200127, 8400166, 8600953];
 
 #[test]
 fn replica_fault_seeds_pass() {
