@@ -17,7 +17,7 @@ use malachi_meta::{AdminCommand, BrokerRecord};
 use malachi_transport::Transport;
 use serde::{Deserialize, Serialize};
 
-use crate::node::{ADMIN_GROUP_ID, Broker};
+use crate::node::{ADMIN_GROUP_ID, Core};
 use crate::peer::{AddMember, PeerCall};
 use crate::vnodes::ROOT_GROUP_ID;
 
@@ -47,7 +47,7 @@ pub struct Welcome {
     pub vnodes: Option<u32>,
 }
 
-impl Broker {
+impl Core {
     /// The inter-node transport, for a broker of a cluster.
     pub fn transport(&self) -> Option<&Transport> {
         self.cluster.as_ref().map(|(transport, _)| transport)
@@ -379,7 +379,7 @@ pub struct GroupView {
 /// group this broker has not caught up on may have added members it does not know yet; one
 /// with no membership yet is this broker's own, joining).
 fn admits<M: StateMachine>(
-    broker: &Broker,
+    broker: &Core,
     group: &RaftGroup<M>,
     sender: u64,
 ) -> Result<(), String> {

@@ -23,7 +23,7 @@ use malachi_transport::gossip_seal::GossipSeal;
 use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
 
-use crate::node::Broker;
+use crate::node::{Broker, Core};
 
 /// Pause between announcements to registered brokers not heard alive.
 pub const REANNOUNCE_MS: u64 = 5_000;
@@ -113,12 +113,12 @@ impl Gossip {
     }
 }
 
-impl Broker {
+impl Core {
     /// Starts membership on `socket` (bound to the gossip port), advertising `gossip_addr`.
     /// `seal`, when set, seals every datagram sent and drops every one received that does not
     /// open (docs/security.md, "Between brokers").
     pub fn spawn_gossip(
-        self: &Arc<Self>,
+        &self,
         socket: UdpSocket,
         gossip_addr: SocketAddr,
         seal: Option<Arc<GossipSeal>>,
@@ -148,7 +148,7 @@ impl Broker {
         }
         let (stop, stopped) = oneshot::channel();
         let driver = Driver {
-            broker: Arc::downgrade(self),
+            broker: self.me.clone(),
             socket,
             seal,
             membership: Some(membership),

@@ -134,6 +134,35 @@ pub struct BootReport {
 }
 
 pub struct Broker {
+    pub(crate) core: Arc<Core>,
+    pub(crate) load: Mutex<LoadTracker>,
+    /// Ranges this broker is rolling now (as their vnode's coordinator).
+    pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
+    /// When this broker last asked the vnode's leader to roll each range.
+    pub(crate) roll_asked_ms: Mutex<std::collections::BTreeMap<(u64, u32), u64>>,
+    /// Brokers a failover's probe could not reach, until when (ms): kept out of new segments'
+    /// replica sets while membership has yet to call them dead, so the segment that replaces
+    /// a dead primary's head does not go to it again.
+    pub(crate) unreachable_until_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// When this broker last handed each vnode's leadership over, by group id (`seats.rs`).
+    pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// The replicated heads this broker is the primary of, and its follower copies.
+    pub(crate) replication: crate::replica::Replication,
+    /// Where the healer of each vnode this broker leads stopped (the last segment id).
+    pub(crate) heal_cursors: Mutex<std::collections::BTreeMap<u32, u64>>,
+    /// When the scrubber last ran, and the last segment id it verified.
+    pub(crate) last_scrub_ms: Mutex<u64>,
+    pub(crate) scrub_cursor: Mutex<u64>,
+    /// One scrape at a time: a scrape clears and sets the state gauges.
+    pub(crate) scraping: tokio::sync::Mutex<()>,
+}
+
+/// What every service of a broker shares: its identity and configuration, its clock and
+/// randomness, the ring of vnodes and the other Raft groups, the data plane, the transport to
+/// other brokers and what membership knows of them, and the metrics. Its methods are the
+/// plumbing the services build on: reading and proposing metadata, opening segments, calling
+/// other brokers.
+pub struct Core {
     pub(crate) config: BrokerConfig,
     pub(crate) node_id: u64,
     /// The vnodes, each a Raft group of topic metadata with its coordinator.
@@ -148,38 +177,40 @@ pub struct Broker {
     pub(crate) entropy: Arc<dyn Entropy>,
     pub(crate) canaries: Canaries,
     pub(crate) password_cost: auth::PasswordCost,
-    write_admin_credentials: bool,
+    pub(crate) write_admin_credentials: bool,
     /// The inter-node transport and the cluster id; `None` for a broker alone.
     pub(crate) cluster: Option<(malachi_transport::Transport, String)>,
     /// The cluster CA and token files, for enrolling brokers; `None` when insecure or alone.
     pub(crate) cluster_files: Option<malachi_transport::pki::ClusterFiles>,
-    pub(crate) load: Mutex<LoadTracker>,
-    /// Ranges this broker is rolling now (as their vnode's coordinator).
-    pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
-    /// When this broker last asked the vnode's leader to roll each range.
-    pub(crate) roll_asked_ms: Mutex<std::collections::BTreeMap<(u64, u32), u64>>,
-    /// Brokers a failover's probe could not reach, until when (ms): kept out of new segments'
-    /// replica sets while membership has yet to call them dead, so the segment that replaces
-    /// a dead primary's head does not go to it again.
-    pub(crate) unreachable_until_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     pub(crate) members: Mutex<Members>,
-    /// When this broker last handed each vnode's leadership over, by group id (`seats.rs`).
-    pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     /// Every broker's membership status, as the SWIM driver (`gossip.rs`) last published it.
     pub(crate) statuses: Mutex<crate::gossip::MemberStatuses>,
-    /// The replicated heads this broker is the primary of, and its follower copies.
-    pub(crate) replication: crate::replica::Replication,
-    /// Where the healer of each vnode this broker leads stopped (the last segment id).
-    pub(crate) heal_cursors: Mutex<std::collections::BTreeMap<u32, u64>>,
-    /// When the scrubber last ran, and the last segment id it verified.
-    pub(crate) last_scrub_ms: Mutex<u64>,
-    pub(crate) scrub_cursor: Mutex<u64>,
-    /// This broker, for background tasks it starts.
+    /// The broker that owns this core, for background tasks and for one service to reach
+    /// another.
     pub(crate) me: std::sync::Weak<Broker>,
     /// What operators see at `/metrics`.
     pub(crate) metrics: crate::metrics::Metrics,
-    /// One scrape at a time: a scrape clears and sets the state gauges.
-    pub(crate) scraping: tokio::sync::Mutex<()>,
+}
+
+impl std::ops::Deref for Broker {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Core {
+    /// The broker this core belongs to. Services live inside their broker, so while one of
+    /// them runs the broker is alive.
+    pub(crate) fn broker(&self) -> Arc<Broker> {
+        self.me.upgrade().expect("a service runs inside its live broker")
+    }
+
+    /// The broker, for a background task to hold; `None` once it is stopping.
+    pub(crate) fn self_handle(&self) -> Option<Arc<Broker>> {
+        self.me.upgrade()
+    }
 }
 
 impl std::fmt::Debug for Broker {
@@ -291,11 +322,11 @@ impl Broker {
             deps.config.dashboard.metrics_topics_max as usize,
             &data.commit_metrics(),
         );
+        let load = Mutex::new(LoadTracker::new(deps.config.load.window_ms));
         let broker = Arc::new_cyclic(|me| Broker {
+            core: Arc::new(Core {
             me: me.clone(),
             metrics,
-            scraping: tokio::sync::Mutex::new(()),
-            load: Mutex::new(LoadTracker::new(deps.config.load.window_ms)),
             config: deps.config,
             node_id: deps.node_id,
             ring,
@@ -311,12 +342,15 @@ impl Broker {
             write_admin_credentials: deps.write_admin_credentials,
             cluster_files: deps.cluster.as_ref().and_then(|cluster| cluster.cluster_files.clone()),
             cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
+            members: Mutex::new(Members::default()),
+            statuses: Mutex::new(Default::default()),
+            }),
+            scraping: tokio::sync::Mutex::new(()),
+            load,
             rolling: Mutex::new(BTreeSet::new()),
             roll_asked_ms: Mutex::new(Default::default()),
             unreachable_until_ms: Mutex::new(Default::default()),
-            members: Mutex::new(Members::default()),
             leadership_moved_ms: Mutex::new(Default::default()),
-            statuses: Mutex::new(Default::default()),
             replication: Default::default(),
             heal_cursors: Mutex::new(Default::default()),
             last_scrub_ms: Mutex::new(0),
@@ -514,10 +548,6 @@ impl Broker {
         let entropy = Arc::clone(&self.entropy);
         let cost = self.password_cost;
         self.data.run(move || auth::hash_password_with(&password, &*entropy, cost)).await
-    }
-
-    pub(crate) fn self_handle(&self) -> Option<Arc<Broker>> {
-        self.me.upgrade()
     }
 
     pub fn node_id(&self) -> u64 {

@@ -19,7 +19,7 @@ use malachi_log::Record;
 
 use crate::data::SegmentKey;
 use crate::error::LogError;
-use crate::node::Broker;
+use crate::node::Core;
 use crate::peer::{
     DataCall, PeerCall, Reader, Remote, answer_of, decode_answer, decode_records, encode_records,
 };
@@ -33,7 +33,7 @@ const CREATE_WAIT_MS: u64 = 2_000;
 /// busy disk can delay for seconds.
 const DATA_CALL_TIMEOUT_MS: u64 = 30_000;
 
-impl Broker {
+impl Core {
     /// The primary of `key` when that is not this broker: appends, and reads of an active
     /// segment, go there.
     pub(crate) fn holder_elsewhere(&self, key: SegmentKey) -> Option<u64> {
@@ -166,13 +166,13 @@ impl Broker {
         bytes_max: u64,
     ) -> Vec<u8> {
         let bytes_max = bytes_max.min(u64::from(self.config.max_frame_bytes));
-        let read = self.read_copy(key, from, wanted, bytes_max).await;
+        let read = self.broker().read_copy(key, from, wanted, bytes_max).await;
         answer_of(read, |records, answer| encode_records(&records, answer))
     }
 
     /// Answers the coordinator's fence of a head held here.
     pub(crate) async fn answer_seal(&self, key: SegmentKey) -> Vec<u8> {
-        let sealed = match self.seal_held(key).await {
+        let sealed = match self.broker().seal_held(key).await {
             Err(LogError::NoSuchTopic) => Ok(None),
             other => other.map(Some),
         };
@@ -190,7 +190,7 @@ impl Broker {
 
     /// Answers a request for a head's durable end.
     pub(crate) async fn answer_end(&self, key: SegmentKey) -> Vec<u8> {
-        answer_of(self.local_end(key).await, |end, answer| {
+        answer_of(self.broker().local_end(key).await, |end, answer| {
             answer.extend_from_slice(&end.offset.to_le_bytes());
             answer.push(u8::from(end.sealed));
         })
@@ -222,7 +222,7 @@ impl Broker {
             return Ok(false);
         }
         let batch = RangeBatch { key, indexes: (0..records.len()).collect() };
-        let pass = self.append_local(vec![batch], &records).await;
+        let pass = self.broker().append_local(vec![batch], &records).await;
         if pass.appended_any {
             self.notifier.notify(key.topic_id);
         }

@@ -9,13 +9,13 @@ use malachi_meta::{MetaCommand, MetaState};
 
 use crate::data::{DataError, Listed, SegmentKey};
 use crate::error::LogError;
-use crate::node::Broker;
+use crate::node::Core;
 
 /// Segment ids in one `SegmentFilesCreated` or `ReclaimDone` command: far below the metadata
 /// machine's item limit, so a long list goes in several commands rather than one refused one.
 pub(crate) const SEGMENT_IDS_PER_COMMAND_MAX: usize = 1_000;
 
-impl Broker {
+impl Core {
     /// What metadata says of `key`'s file on this node; `None` once metadata no longer lists it.
     pub(crate) fn listed(&self, key: SegmentKey) -> Option<Listed> {
         self.read_meta(key.segment_id, |meta| listed_in(meta, key, self.node_id))
@@ -29,9 +29,9 @@ impl Broker {
         self.check_held_here(key)?;
         let opened = self.data.open(key, || self.listed(key)).await?;
         if opened.created {
-            self.created_copy(key);
+            self.broker().created_copy(key);
         } else if opened.fresh {
-            self.recovered_copy(key);
+            self.broker().recovered_copy(key);
         }
         if opened.report_created {
             self.report_created(vec![key.segment_id]).await;
@@ -40,7 +40,7 @@ impl Broker {
             && opened.segment.status().sealed.is_some()
             && matches!(self.listed(key), Some(Listed::ActiveCreated | Listed::ActiveUnborn))
         {
-            self.request_roll(key.topic_id, key.range_id);
+            self.broker().request_roll(key.topic_id, key.range_id);
         }
         Ok(opened.segment)
     }
@@ -52,9 +52,9 @@ impl Broker {
             self.check_held_here(key)?;
             let opened = self.data.open(key, || self.listed(key)).await?;
             if opened.created {
-                self.created_copy(key);
+                self.broker().created_copy(key);
             } else if opened.fresh {
-                self.recovered_copy(key);
+                self.broker().recovered_copy(key);
             }
             if opened.report_created {
                 created.push(key.segment_id);

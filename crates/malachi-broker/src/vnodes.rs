@@ -22,7 +22,7 @@ use malachi_meta::{
 use crate::coordinator::Coordinator;
 use crate::error::LogError;
 use crate::machines::{MetaMachine, RootMachine};
-use crate::node::{BootError, Broker};
+use crate::node::{BootError, Core};
 use crate::topics::map_meta_error;
 
 /// Raft group ids: the administrative group is 0, vnode `v` is group `v` (1 to
@@ -121,7 +121,7 @@ impl Ring {
 /// A vnode with no topics: what an id outside the ring reads.
 static NO_VNODE: LazyLock<MetaState> = LazyLock::new(MetaState::default);
 
-impl Broker {
+impl Core {
     /// The ring of vnodes.
     pub fn ring(&self) -> &Ring {
         &self.ring
