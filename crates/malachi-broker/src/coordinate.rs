@@ -90,7 +90,7 @@ impl Broker {
                     segment.replicas.len() > 1
                         && segment.replicas.first() == Some(&self.node_id)
                         && segment.created_on.contains(&self.node_id)
-                        && self.replication.head(key).is_none()
+                        && !self.replicator.holds_head(key)
                 })
                 .map(|segment| (segment.topic_id, segment.range_id))
                 .collect()
@@ -108,11 +108,11 @@ impl Broker {
     /// failing too), and once they return no producer asks, since none writes to a head that
     /// refuses appends; until it is sealed its range takes no writes.
     fn tend_heads(&self) {
-        for (key, refused) in self.replication.heads_refused() {
+        for (key, refused) in self.replicator.heads_refused() {
             let closed = self.read_meta(key.topic_id, |meta| meta.segment_closed(key.segment_id));
             if closed {
                 tracing::debug!(?key, "a head held here was sealed elsewhere: forgetting it");
-                self.replication.forget(key);
+                self.replicator.forget(key);
             } else if refused {
                 self.request_roll(key.topic_id, key.range_id);
             }

@@ -20,7 +20,6 @@ use crate::error::LogError;
 use crate::frontier::{self, Frontier};
 use crate::node::Broker;
 use crate::peer::Remote;
-use crate::replica::Role;
 
 /// Clamps of wire-protocol.md section 3.3.
 pub const FETCH_MAX_DEFAULT: u32 = 100;
@@ -472,7 +471,7 @@ impl Broker {
             Err(DataError::Gone(_)) => return Ok(None),
             Err(error) => return Err(error.into()),
         };
-        let wanted = match self.visible_end(key) {
+        let wanted = match self.replicator.visible_end(key) {
             Some(visible) if !matches!(self.listed(key), Some(Listed::Sealed { .. })) => {
                 wanted.min(span_records(from, visible))
             }
@@ -502,7 +501,7 @@ impl Broker {
     /// is behind: the range moved on); `None` once metadata no longer lists it. Asked of the
     /// primary; of the other replicas if it cannot answer.
     pub(crate) async fn segment_end(&self, key: SegmentKey) -> Result<Option<HeadEnd>, LogError> {
-        let Some(replicas) = self.replicas(key) else { return Ok(None) };
+        let Some(replicas) = self.replicator.replicas(key) else { return Ok(None) };
         let mut last_error = None;
         for copy in read_order(self.node_id, &replicas, &[], false) {
             let outcome = if copy == self.node_id {
@@ -532,22 +531,12 @@ impl Broker {
             Err(error) => return Err(error.into()),
         };
         let sealed = self.data.peek(key).is_some_and(|segment| segment.status().sealed.is_some());
-        let offset = match self.role(key) {
-            Some(Role::Follower { .. }) => self.replication.visible_end(key).min(durable),
-            Some(Role::Primary { .. }) => match self.replication.head(key) {
-                Some(head) => head.acked().end.min(durable),
-                // A primary that restarted since it created the head does not know what a
-                // quorum holds: failover seals the head first (found in CI: a reader that met
-                // a head sealed a moment ago, or created a moment ago, was told `migrating`).
-                None if self.replication.is_recovered(key) => {
-                    self.request_roll(key.topic_id, key.range_id);
-                    return Err(LogError::Migrating);
-                }
-                // Sealed here by a seal a quorum holds (its state is dropped only then), or
-                // created a moment ago and empty.
-                None => durable,
-            },
-            _ => durable,
+        let Some(offset) = self.replicator.readable_end(key, durable) else {
+            // A primary that restarted since it created the head does not know what a quorum
+            // holds: failover seals the head first (found in CI: a reader that met a head
+            // sealed a moment ago, or created a moment ago, was told `migrating`).
+            self.request_roll(key.topic_id, key.range_id);
+            return Err(LogError::Migrating);
         };
         Ok(Some(HeadEnd { offset, sealed }))
     }

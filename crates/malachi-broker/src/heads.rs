@@ -220,20 +220,20 @@ impl Broker {
     /// it; a replicated one by its primary, or by failover when the primary cannot (dead,
     /// out of reach, or failing), never by promoting another copy (`failover.rs`).
     pub(crate) async fn seal_anywhere(&self, key: SegmentKey) -> Result<SealReport, LogError> {
-        let replicated = self.replicas(key).is_some_and(|replicas| replicas.len() > 1);
+        let replicated = self.replicator.replicas(key).is_some_and(|replicas| replicas.len() > 1);
         let Some(primary) = self.holder_elsewhere(key) else {
             return self.seal_held(key).await;
         };
         if replicated && self.member_status(primary) == PeerStatus::Dead {
             tracing::info!(?key, primary, "the primary is dead: failover");
-            return self.seal_by_failover(key).await;
+            return self.replicator.seal_by_failover(key).await;
         }
         match self.remote_seal(primary, key).await {
             Ok(Remote::Done(seal)) => Ok(seal),
             Ok(Remote::FencedOrGone) => Err(LogError::Migrating),
             Err(error) if replicated => {
                 tracing::warn!(?key, primary, %error, "the primary did not seal; failover");
-                self.seal_by_failover(key).await
+                self.replicator.seal_by_failover(key).await
             }
             Err(error) => Err(error),
         }
@@ -241,8 +241,8 @@ impl Broker {
 
     /// Seals `key` on this broker, which holds its one copy or is its primary.
     pub(crate) async fn seal_held(&self, key: SegmentKey) -> Result<SealReport, LogError> {
-        match self.replicas(key) {
-            Some(replicas) if replicas.len() > 1 => self.seal_as_primary(key).await,
+        match self.replicator.replicas(key) {
+            Some(replicas) if replicas.len() > 1 => self.replicator.seal_as_primary(key).await,
             _ => self.seal_here(key).await,
         }
     }
@@ -382,7 +382,7 @@ impl Broker {
                 let node_id = broker.record.node_id;
                 broker.status == PeerStatus::Alive
                     && self.takes_new_work(node_id)
-                    && !self.recently_unreachable(node_id)
+                    && !self.replicator.recently_unreachable(node_id)
             })
             .map(|broker| Candidate {
                 broker_id: broker.record.node_id,

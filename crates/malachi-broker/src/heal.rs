@@ -28,7 +28,7 @@ use malachi_reason::Reason;
 
 use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
-use crate::failover::Write;
+use crate::replica::Write;
 use crate::gossip::PeerStatus;
 use crate::node::Broker;
 use crate::peer::{self, DataCall, Reader, Remote};
@@ -325,7 +325,7 @@ impl Broker {
         if !matches!(self.listed(key), Some(Listed::Sealed { .. })) {
             return Err(LogError::NoSuchTopic);
         }
-        let gate = self.replication.fill_gate(key);
+        let gate = self.replicator.fill_gate(key);
         let _settling = gate.lock().await;
         if self.copy_is_settled(key, seal).await {
             return Ok(true);
@@ -379,7 +379,7 @@ impl Broker {
         let opened = self.data.open(key, || Some(Listed::ActiveUnborn)).await?;
         let segment = opened.segment;
         for batch in records {
-            if let Err(error) = self.write_durably(&segment, batch, Write::Append).await {
+            if let Err(error) = self.replicator.write_durably(&segment, batch, Write::Append).await {
                 return Err(self.abandon(key, &error.to_string()).await);
             }
         }
@@ -406,7 +406,7 @@ impl Broker {
             let wanted = u32::try_from(end - next).unwrap_or(u32::MAX).min(REBUILD_RECORDS_MAX);
             let mut batch = Vec::new();
             for &copy in &copies {
-                match self.read_raw(copy, key, next, wanted).await {
+                match self.replicator.read_raw(copy, key, next, wanted).await {
                     Ok(records) if !records.is_empty() => {
                         batch = records;
                         break;

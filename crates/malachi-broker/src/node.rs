@@ -140,14 +140,10 @@ pub struct Broker {
     pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
     /// When this broker last asked the vnode's leader to roll each range.
     pub(crate) roll_asked_ms: Mutex<std::collections::BTreeMap<(u64, u32), u64>>,
-    /// Brokers a failover's probe could not reach, until when (ms): kept out of new segments'
-    /// replica sets while membership has yet to call them dead, so the segment that replaces
-    /// a dead primary's head does not go to it again.
-    pub(crate) unreachable_until_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     /// When this broker last handed each vnode's leadership over, by group id (`seats.rs`).
     pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
-    /// The replicated heads this broker is the primary of, and its follower copies.
-    pub(crate) replication: crate::replica::Replication,
+    /// Replication and failover of the heads this broker holds copies of.
+    pub(crate) replicator: Arc<crate::replica::Replicator>,
     /// Where the healer of each vnode this broker leads stopped (the last segment id).
     pub(crate) heal_cursors: Mutex<std::collections::BTreeMap<u32, u64>>,
     /// When the scrubber last ran, and the last segment id it verified.
@@ -323,8 +319,8 @@ impl Broker {
             &data.commit_metrics(),
         );
         let load = Mutex::new(LoadTracker::new(deps.config.load.window_ms));
-        let broker = Arc::new_cyclic(|me| Broker {
-            core: Arc::new(Core {
+        let broker = Arc::new_cyclic(|me| {
+            let core = Arc::new(Core {
             me: me.clone(),
             metrics,
             config: deps.config,
@@ -344,17 +340,19 @@ impl Broker {
             cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
             members: Mutex::new(Members::default()),
             statuses: Mutex::new(Default::default()),
-            }),
+            });
+            Broker {
             scraping: tokio::sync::Mutex::new(()),
             load,
             rolling: Mutex::new(BTreeSet::new()),
             roll_asked_ms: Mutex::new(Default::default()),
-            unreachable_until_ms: Mutex::new(Default::default()),
             leadership_moved_ms: Mutex::new(Default::default()),
-            replication: Default::default(),
+            replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
             heal_cursors: Mutex::new(Default::default()),
             last_scrub_ms: Mutex::new(0),
             scrub_cursor: Mutex::new(0),
+            core,
+            }
         });
         Ok(broker)
     }
@@ -585,6 +583,11 @@ impl Broker {
         command: AdminCommand,
     ) -> Result<malachi_meta::AdminResponse, LogError> {
         self.admin.propose(command).await?.map_err(LogError::Admin)
+    }
+
+    /// The replication service, for the simulator's checks.
+    pub fn replicator(&self) -> &crate::replica::Replicator {
+        &self.replicator
     }
 
     pub fn data_plane(&self) -> &DataPlane {

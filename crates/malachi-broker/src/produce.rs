@@ -175,7 +175,7 @@ impl Broker {
     /// failover without waiting for membership to call the primary dead (the producer's retry
     /// then meets the new head). A primary that is in fact alive only loses its head early.
     fn after_unreachable_primary(&self, key: SegmentKey, error: &LogError) {
-        let replicated = self.replicas(key).is_some_and(|replicas| replicas.len() > 1);
+        let replicated = self.replicator.replicas(key).is_some_and(|replicas| replicas.len() > 1);
         if replicated && matches!(error, LogError::Unavailable(_)) {
             tracing::info!(?key, %error, "the primary is out of reach: asking for a roll");
             self.request_roll(key.topic_id, key.range_id);
@@ -197,7 +197,7 @@ impl Broker {
                     return pass;
                 }
             };
-            match self.role(batch.key) {
+            match self.replicator.role(batch.key) {
                 Some(crate::replica::Role::Primary { .. }) => replicated.push((batch, segment)),
                 _ => plain.push((batch, segment)),
             }
@@ -205,7 +205,7 @@ impl Broker {
         let replicated = join_all(replicated.into_iter().map(|(batch, segment)| async move {
             let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
             let bytes = owned.iter().map(Record::user_bytes).sum::<u64>();
-            let outcome = self.append_replicated(batch.key, Arc::clone(&segment), owned).await;
+            let outcome = self.replicator.append_replicated(batch.key, Arc::clone(&segment), owned).await;
             (batch, bytes, segment, outcome)
         }));
         let (plain, replicated) = tokio::join!(self.append_plain(plain, records), replicated);

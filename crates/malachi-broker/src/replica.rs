@@ -35,8 +35,11 @@ use malachi_log::{AppendError, AppendTicket, Record, Segment};
 
 use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
-use crate::node::Broker;
+use crate::node::Core;
 use crate::peer::{DataCall, Shipped, decode_shipped, encode_shipped};
+
+mod failover;
+pub(crate) use failover::Write;
 
 /// How long a follower waits for the batches before one that arrived early (calls are handled
 /// concurrently) before it refuses it with its end.
@@ -279,7 +282,78 @@ struct Span {
     epoch: u64,
 }
 
-impl Broker {
+/// The replication service: this broker's side of the replication protocol for the heads it is
+/// the primary of (shipping spans to followers, counting their answers through
+/// [`Primary`]), for the copies it follows (staging and appending what primaries ship), and
+/// failover (`failover.rs`: probing, fencing, filling and sealing the copies of a head whose
+/// primary is gone). The only place a replicated append is acknowledged.
+pub struct Replicator {
+    core: Arc<Core>,
+    /// The replicated heads this broker is the primary of, and its follower copies.
+    replication: Replication,
+    /// Brokers a failover's probe could not reach, until when (ms): kept out of new segments'
+    /// replica sets while membership has yet to call them dead, so the segment that replaces
+    /// a dead primary's head does not go to it again.
+    unreachable_until_ms: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl std::ops::Deref for Replicator {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Replicator {
+    pub(crate) fn new(core: Arc<Core>) -> Replicator {
+        Replicator { core, replication: Replication::default(), unreachable_until_ms: Mutex::default() }
+    }
+
+    /// This service, for a task of its own to hold; `None` once the broker is stopping.
+    fn handle(&self) -> Option<Arc<Replicator>> {
+        self.self_handle().map(|broker| Arc::clone(&broker.replicator))
+    }
+
+    /// Drops what this broker holds of `key`'s replication (its topic deleted, or sealed).
+    pub(crate) fn forget(&self, key: SegmentKey) {
+        self.replication.forget(key);
+    }
+
+    /// The gate that serialises the fills and settles of this broker's copy of `key`.
+    pub(crate) fn fill_gate(&self, key: SegmentKey) -> Arc<tokio::sync::Mutex<()>> {
+        self.replication.fill_gate(key)
+    }
+
+    /// Whether this broker holds replication state for head `key` as its primary.
+    pub(crate) fn holds_head(&self, key: SegmentKey) -> bool {
+        self.replication.head(key).is_some()
+    }
+
+    /// The heads held here, each with whether a quorum refused it.
+    pub(crate) fn heads_refused(&self) -> Vec<(SegmentKey, bool)> {
+        self.replication.heads_refused()
+    }
+
+    /// Where readers of this broker's copy of active segment `key` stop, given where it is
+    /// durable: a follower at what its primary said is acknowledged, a primary at what a
+    /// quorum acknowledged. `None` for a head this broker is the primary of but has no state
+    /// for (restarted since it created it): it does not know what a quorum holds, so failover
+    /// must seal it first.
+    pub(crate) fn readable_end(&self, key: SegmentKey, durable: u64) -> Option<u64> {
+        match self.role(key) {
+            Some(Role::Follower { .. }) => Some(self.replication.visible_end(key).min(durable)),
+            Some(Role::Primary { .. }) => match self.replication.head(key) {
+                Some(head) => Some(head.acked().end.min(durable)),
+                None if self.replication.is_recovered(key) => None,
+                // Sealed here by a seal a quorum holds (its state is dropped only then), or
+                // created a moment ago and empty.
+                None => Some(durable),
+            },
+            _ => Some(durable),
+        }
+    }
+
     /// `key`'s replicas as this broker sees them; `None` once metadata no longer lists it.
     pub(crate) fn role(&self, key: SegmentKey) -> Option<Role> {
         let node_id = self.node_id;
@@ -362,21 +436,21 @@ impl Broker {
     ) -> Result<AppendTicket, ReplicatedAppendError> {
         let Some(head) = self.replication.head(key) else {
             // Restarted since it created the head: only failover may decide where it ends.
-            self.request_roll(key.topic_id, key.range_id);
+            self.broker().request_roll(key.topic_id, key.range_id);
             return Err(ReplicatedAppendError::Append(AppendError::Sealed { end_offset: 0 }));
         };
-        let broker = self.self_handle().expect("a serving broker is held by an Arc");
+        let replicator = self.handle().expect("a serving broker is held by an Arc");
         let now_ms = self.clock.now_ms();
         let staging = Arc::clone(&head);
         let ticket = self
             .data
             .run(move || {
                 let (ticket, actions) = staging.stage(&segment, &records, now_ms)?;
-                broker.execute(&staging, actions);
+                replicator.execute(&staging, actions);
                 segment.wait_durable(ticket)?;
                 let durable = segment.durable_offset();
                 let actions = staging.step(|machine| machine.local_durable(durable));
-                broker.execute(&staging, actions);
+                replicator.execute(&staging, actions);
                 Ok::<_, AppendError>(ticket)
             })
             .await;
@@ -401,13 +475,13 @@ impl Broker {
             let mut state = head.lock();
             (state.take(), state.lost)
         };
-        if let Some(broker) = self.self_handle() {
-            broker.execute(head, actions);
+        if let Some(replicator) = self.handle() {
+            replicator.execute(head, actions);
         }
         if lost {
             self.replication.heads.lock().expect("heads lock poisoned").remove(&head.key);
             self.replication.recovered.lock().expect("recovered lock poisoned").insert(head.key);
-            self.request_roll(head.key.topic_id, head.key.range_id);
+            self.broker().request_roll(head.key.topic_id, head.key.range_id);
         }
     }
 
@@ -427,8 +501,8 @@ impl Broker {
             if tokio::time::timeout(tick, acked.changed()).await.is_err() {
                 let now_ms = self.clock.now_ms();
                 let actions = head.step(|machine| machine.tick(now_ms));
-                if let Some(broker) = self.self_handle() {
-                    broker.execute(head, actions);
+                if let Some(replicator) = self.handle() {
+                    replicator.execute(head, actions);
                 }
             }
         }
@@ -454,7 +528,7 @@ impl Broker {
                     head.acked.send_modify(|acked| {
                         acked.refused_from.get_or_insert(from);
                     });
-                    self.request_roll(head.key.topic_id, head.key.range_id);
+                    self.broker().request_roll(head.key.topic_id, head.key.range_id);
                 }
             }
         }

@@ -125,7 +125,7 @@ impl Broker {
             gauges.broker_status.get_or_create(&label).set(i64::from(status_code(broker.status)));
         }
         gauges.replication_lag.clear();
-        for (node, records) in self.replication.lag_by_follower() {
+        for (node, records) in self.replicator.follower_lag() {
             let label = NodeLabel { node_id: node.to_string() };
             gauges.replication_lag.get_or_create(&label).set(records as i64);
         }

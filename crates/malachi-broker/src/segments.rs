@@ -29,9 +29,9 @@ impl Core {
         self.check_held_here(key)?;
         let opened = self.data.open(key, || self.listed(key)).await?;
         if opened.created {
-            self.broker().created_copy(key);
+            self.broker().replicator.created_copy(key);
         } else if opened.fresh {
-            self.broker().recovered_copy(key);
+            self.broker().replicator.recovered_copy(key);
         }
         if opened.report_created {
             self.report_created(vec![key.segment_id]).await;
@@ -52,9 +52,9 @@ impl Core {
             self.check_held_here(key)?;
             let opened = self.data.open(key, || self.listed(key)).await?;
             if opened.created {
-                self.broker().created_copy(key);
+                self.broker().replicator.created_copy(key);
             } else if opened.fresh {
-                self.broker().recovered_copy(key);
+                self.broker().replicator.recovered_copy(key);
             }
             if opened.report_created {
                 created.push(key.segment_id);

@@ -140,7 +140,7 @@ impl Broker {
                 return Ok(());
             }
             for key in &pending {
-                self.replication.forget(*key);
+                self.replicator.forget(*key);
                 self.data.remove(*key).await?;
             }
             let segment_ids = pending.iter().map(|key| key.segment_id).collect();

@@ -686,7 +686,7 @@ impl ClusterWorld {
         let mut behind = Vec::new();
         for (index, node) in self.nodes.iter().enumerate() {
             let Some(broker) = node.broker() else { continue };
-            for (follower, records) in broker.follower_lag() {
+            for (follower, records) in broker.replicator().follower_lag() {
                 if records > 0 {
                     behind.push((index as u64 + 1, follower, records));
                 }

@@ -82,14 +82,14 @@ async fn answer_data(
         DataCall::Create => broker.answer_create(key).await,
         // Only from the segment's recorded primary.
         DataCall::Replicate { start, acked_end, records } => {
-            broker.replicate_here(sender, key, start, acked_end, records).await
+            broker.replicator.replicate_here(sender, key, start, acked_end, records).await
         }
-        DataCall::Fence => broker.answer_fence(key).await,
+        DataCall::Fence => broker.replicator.answer_fence(key).await,
         // Only from a copy metadata records.
-        DataCall::Fill { source, end } => return broker.answer_fill(key, source, end).await,
-        DataCall::SealAt { end } => broker.answer_seal_at(key, end).await,
+        DataCall::Fill { source, end } => return broker.replicator.answer_fill(key, source, end).await,
+        DataCall::SealAt { end } => broker.replicator.answer_seal_at(key, end).await,
         DataCall::ReadRaw { from, wanted, bytes_max: _ } => {
-            broker.answer_read_raw(key, from, wanted).await
+            broker.replicator.answer_read_raw(key, from, wanted).await
         }
         // At the seal point metadata records, from copies it records.
         DataCall::Settle { seal, sources } => {

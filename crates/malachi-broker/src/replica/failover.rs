@@ -40,7 +40,7 @@ use malachi_meta::SealReport;
 
 use crate::data::SegmentKey;
 use crate::error::LogError;
-use crate::node::Broker;
+use super::Replicator;
 use crate::peer::{self, DataCall, Reader, Remote, answer_of};
 
 /// How long a replica may take to say where its copy ends, or to fence it.
@@ -65,7 +65,7 @@ pub(crate) struct CopyEnd {
     pub(crate) sealed: bool,
 }
 
-impl Broker {
+impl Replicator {
     /// Seals replicated segment `key` on this broker, its primary: by draining when this
     /// process created the head and a quorum follows, by failover otherwise.
     pub(crate) async fn seal_as_primary(&self, key: SegmentKey) -> Result<SealReport, LogError> {
