@@ -56,7 +56,7 @@ impl Broker {
             let Some(term) = self.observe_leadership(vnode) else { continue };
             self.roll_heads_of_dead_primaries(vnode);
             self.roll_heads_below_replication(vnode);
-            self.heal_vnode(vnode, term).await;
+            self.healer.heal_vnode(vnode, term).await;
             let now_ms = self.clock.now_ms();
             let policies = self.policy_definitions();
             let decisions = vnode.group.read(|meta| {

@@ -431,7 +431,7 @@ impl Broker {
                     // Damage found by a read: this copy leaves the read path, healing
                     // rebuilds it.
                     if let Some(broker) = self.self_handle() {
-                        tokio::spawn(async move { broker.unsettle_here(key).await });
+                        tokio::spawn(async move { broker.healer.unsettle_here(key).await });
                     }
                 }
                 read

@@ -21,6 +21,9 @@
 //! `MALACHI_SCRUB_INTERVAL_MS`; a copy that fails is recorded as unsettled (readers pass over
 //! it and the healer rebuilds it), never deleted by the scrub itself.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
 use malachi_log::SealInfo;
 use malachi_meta::MetaCommand;
 use malachi_meta::placement::{self, Candidate};
@@ -30,7 +33,7 @@ use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
 use crate::replica::Write;
 use crate::gossip::PeerStatus;
-use crate::node::Broker;
+use crate::node::Core;
 use crate::peer::{self, DataCall, Reader, Remote};
 use crate::vnodes::Vnode;
 
@@ -77,7 +80,38 @@ impl Unsettled {
     }
 }
 
-impl Broker {
+/// The healing service: settles the copies of sealed segments (each checked, or rebuilt from
+/// the others), moves replicas off dead brokers, grows replica sets back to the replication
+/// factor, and scrubs this broker's settled copies. Each vnode's leader heals that vnode's
+/// segments; every broker answers settles of its own copies and scrubs them.
+pub struct Healer {
+    core: Arc<Core>,
+    /// Where the healer of each vnode this broker leads stopped (the last segment id).
+    heal_cursors: Mutex<BTreeMap<u32, u64>>,
+    /// When the scrubber last ran.
+    last_scrub_ms: Mutex<u64>,
+    /// The last segment id the scrubber verified.
+    scrub_cursor: Mutex<u64>,
+}
+
+impl std::ops::Deref for Healer {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Healer {
+    pub(crate) fn new(core: Arc<Core>) -> Healer {
+        Healer {
+            core,
+            heal_cursors: Mutex::default(),
+            last_scrub_ms: Mutex::default(),
+            scrub_cursor: Mutex::default(),
+        }
+    }
+
     /// One healing pass over `vnode`, which this broker leads in `term`.
     pub(crate) async fn heal_vnode(&self, vnode: &Vnode, term: u64) {
         for segment in self.unsettled_segments(vnode) {
@@ -89,7 +123,7 @@ impl Broker {
     /// after the last one looked at.
     fn unsettled_segments(&self, vnode: &Vnode) -> Vec<Unsettled> {
         let after = self.heal_cursor(vnode.vnode_id());
-        let wanted = self.replicas_wanted();
+        let wanted = self.broker().replicas_wanted();
         let found: Vec<Unsettled> = vnode.group.read(|meta| {
             let unsettled = meta
                 .0
@@ -200,7 +234,7 @@ impl Broker {
             return;
         };
         let command = MetaCommand::AddReplica { segment_id: key.segment_id, new };
-        match self.propose_in_term(term, key.topic_id, command).await {
+        match self.broker().propose_in_term(term, key.topic_id, command).await {
             Ok(_) => tracing::info!(?key, new, "a replica added: the segment had too few"),
             Err(error) => tracing::warn!(?key, new, %error, "adding a replica failed"),
         }
@@ -224,7 +258,7 @@ impl Broker {
                 let node = broker.record.node_id;
                 survivors.contains(&node)
                     || (broker.status == PeerStatus::Alive
-                        && self.takes_new_work(node)
+                        && self.broker().takes_new_work(node)
                         && !segment.replicas.contains(&node)
                         && !segment.dropped.contains(&node))
             })
@@ -234,7 +268,7 @@ impl Broker {
             })
             .collect();
         let object = key.segment_id.to_le_bytes();
-        let constraints = self.placement_constraints(Some(key.topic_id));
+        let constraints = self.broker().placement_constraints(Some(key.topic_id));
         match placement::place(&object, wanted, &live, survivors, &constraints) {
             Ok(placed) => placed.brokers.into_iter().find(|broker| !survivors.contains(broker)),
             Err(error) => {
@@ -256,7 +290,7 @@ impl Broker {
             return;
         };
         let command = MetaCommand::ReplaceReplica { segment_id: key.segment_id, old: dead, new };
-        match self.propose_in_term(term, key.topic_id, command).await {
+        match self.broker().propose_in_term(term, key.topic_id, command).await {
             Ok(_) => tracing::info!(?key, dead, new, "replica moved off a dead broker"),
             Err(error) => tracing::warn!(?key, dead, new, %error, "moving a replica failed"),
         }
@@ -325,7 +359,7 @@ impl Broker {
         if !matches!(self.listed(key), Some(Listed::Sealed { .. })) {
             return Err(LogError::NoSuchTopic);
         }
-        let gate = self.replicator.fill_gate(key);
+        let gate = self.broker().replicator.fill_gate(key);
         let _settling = gate.lock().await;
         if self.copy_is_settled(key, seal).await {
             return Ok(true);
@@ -379,7 +413,7 @@ impl Broker {
         let opened = self.data.open(key, || Some(Listed::ActiveUnborn)).await?;
         let segment = opened.segment;
         for batch in records {
-            if let Err(error) = self.replicator.write_durably(&segment, batch, Write::Append).await {
+            if let Err(error) = self.broker().replicator.write_durably(&segment, batch, Write::Append).await {
                 return Err(self.abandon(key, &error.to_string()).await);
             }
         }
@@ -406,7 +440,7 @@ impl Broker {
             let wanted = u32::try_from(end - next).unwrap_or(u32::MAX).min(REBUILD_RECORDS_MAX);
             let mut batch = Vec::new();
             for &copy in &copies {
-                match self.replicator.read_raw(copy, key, next, wanted).await {
+                match self.broker().replicator.read_raw(copy, key, next, wanted).await {
                     Ok(records) if !records.is_empty() => {
                         batch = records;
                         break;
@@ -499,7 +533,7 @@ impl Broker {
 
 /// Where `broker`'s metadata seals segment `key`, and its replicas; `None` while it is active
 /// there.
-fn recorded_seal(broker: &Broker, key: SegmentKey) -> Option<(SealInfo, Vec<u64>)> {
+fn recorded_seal(broker: &Core, key: SegmentKey) -> Option<(SealInfo, Vec<u64>)> {
     broker.read_meta(key.segment_id, |meta| {
         let segment = meta.segment(key.segment_id)?;
         if (segment.topic_id, segment.range_id) != (key.topic_id, key.range_id) {

@@ -17,7 +17,7 @@ pub mod frontier;
 pub mod gossip;
 pub mod groups;
 mod heads;
-mod heal;
+pub mod heal;
 pub mod lag;
 pub mod load;
 pub mod machines;

@@ -28,7 +28,7 @@ impl Broker {
                 }
                 broker.reconcile_seats().await;
                 broker.coordinate_once().await;
-                broker.scrub_once().await;
+                broker.healer.scrub_once().await;
                 let now_ms = broker.clock.now_ms();
                 broker.members.lock().expect("members lock poisoned").prune(now_ms);
                 // Dropped copies are deleted on the next tick, not the next retention pass: a

@@ -144,11 +144,8 @@ pub struct Broker {
     pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     /// Replication and failover of the heads this broker holds copies of.
     pub(crate) replicator: Arc<crate::replica::Replicator>,
-    /// Where the healer of each vnode this broker leads stopped (the last segment id).
-    pub(crate) heal_cursors: Mutex<std::collections::BTreeMap<u32, u64>>,
-    /// When the scrubber last ran, and the last segment id it verified.
-    pub(crate) last_scrub_ms: Mutex<u64>,
-    pub(crate) scrub_cursor: Mutex<u64>,
+    /// Settling, rebuilding, moving and growing copies of sealed segments.
+    pub(crate) healer: crate::heal::Healer,
     /// One scrape at a time: a scrape clears and sets the state gauges.
     pub(crate) scraping: tokio::sync::Mutex<()>,
 }
@@ -348,9 +345,7 @@ impl Broker {
             roll_asked_ms: Mutex::new(Default::default()),
             leadership_moved_ms: Mutex::new(Default::default()),
             replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
-            heal_cursors: Mutex::new(Default::default()),
-            last_scrub_ms: Mutex::new(0),
-            scrub_cursor: Mutex::new(0),
+            healer: crate::heal::Healer::new(Arc::clone(&core)),
             core,
             }
         });

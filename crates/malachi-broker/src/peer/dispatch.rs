@@ -93,7 +93,7 @@ async fn answer_data(
         }
         // At the seal point metadata records, from copies it records.
         DataCall::Settle { seal, sources } => {
-            return broker.answer_settle(key, seal, sources).await;
+            return broker.healer.answer_settle(key, seal, sources).await;
         }
         DataCall::CopyState => broker.answer_copy_state(key).await,
     })
