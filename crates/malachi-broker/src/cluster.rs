@@ -48,6 +48,15 @@ pub struct Welcome {
 }
 
 impl Core {
+    /// How many replicas a segment should have: the replication factor, or fewer in a cluster
+    /// of fewer brokers that take new work.
+    pub fn replicas_wanted(&self) -> usize {
+        let view = self.cluster_view();
+        let members =
+            view.brokers.iter().filter(|broker| self.broker().takes_new_work(broker.record.node_id)).count();
+        self.config.cluster.replication_factor.min(members.max(1))
+    }
+
     /// The inter-node transport, for a broker of a cluster.
     pub fn transport(&self) -> Option<&Transport> {
         self.cluster.as_ref().map(|(transport, _)| transport)

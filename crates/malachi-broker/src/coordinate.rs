@@ -9,6 +9,8 @@
 //! operator's split or merge there. Roll requests are carried out at once, not at the next
 //! tick, because producers wait on them.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -17,7 +19,8 @@ use crate::coordinator::{Action, Decision};
 use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::load::Rate;
-use crate::node::Broker;
+use crate::load::LoadTracker;
+use crate::node::Core;
 use crate::peer::{Ask, PeerCall};
 use crate::vnodes::Vnode;
 use malachi_meta::Segment;
@@ -36,7 +39,44 @@ enum Reshaped {
     Refused { reason: String, retryable: bool },
 }
 
-impl Broker {
+/// The coordination service: on the vnodes this broker leads, feeds their coordinators and
+/// carries out their decisions (roll, split, merge, expire: `heads.rs`); on every broker,
+/// asks for rolls of the heads it holds and reports their append rates.
+pub struct Coordination {
+    core: Arc<Core>,
+    /// Append rates of the heads held here, reported to their vnodes' leaders.
+    load: Mutex<LoadTracker>,
+    /// Ranges this broker is rolling now (as their vnode's coordinator).
+    rolling: Mutex<BTreeSet<(u64, u32)>>,
+    /// When this broker last asked the vnode's leader to roll each range.
+    roll_asked_ms: Mutex<BTreeMap<(u64, u32), u64>>,
+}
+
+impl std::ops::Deref for Coordination {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Coordination {
+    pub(crate) fn new(core: Arc<Core>) -> Coordination {
+        let load = Mutex::new(LoadTracker::new(core.config.load.window_ms));
+        Coordination { core, load, rolling: Mutex::default(), roll_asked_ms: Mutex::default() }
+    }
+
+    /// Counts an append to `key` in its range's rate.
+    pub(crate) fn record_load(&self, key: SegmentKey, records: u64, bytes: u64, now_ms: u64) {
+        let mut load = self.load.lock().expect("load lock poisoned");
+        load.record(key.topic_id, key.range_id, records, bytes, now_ms);
+    }
+
+    /// Segment rolls requested and not finished yet.
+    pub(crate) fn rolls_pending(&self) -> usize {
+        self.rolling.lock().expect("rolling lock poisoned").len()
+    }
+
     /// The term this broker leads `vnode` in now, after telling its coordinator.
     fn observe_leadership(&self, vnode: &Vnode) -> Option<u64> {
         let (leader, term) = vnode.group.leader();
@@ -56,9 +96,9 @@ impl Broker {
             let Some(term) = self.observe_leadership(vnode) else { continue };
             self.roll_heads_of_dead_primaries(vnode);
             self.roll_heads_below_replication(vnode);
-            self.healer.heal_vnode(vnode, term).await;
+            self.broker().healer.heal_vnode(vnode, term).await;
             let now_ms = self.clock.now_ms();
-            let policies = self.policy_definitions();
+            let policies = self.broker().policy_definitions();
             let decisions = vnode.group.read(|meta| {
                 let mut coordinator = vnode.coordinator.lock().expect("coordinator lock poisoned");
                 coordinator.tick(&meta.0, &policies, now_ms)
@@ -90,7 +130,7 @@ impl Broker {
                     segment.replicas.len() > 1
                         && segment.replicas.first() == Some(&self.node_id)
                         && segment.created_on.contains(&self.node_id)
-                        && !self.replicator.holds_head(key)
+                        && !self.broker().replicator.holds_head(key)
                 })
                 .map(|segment| (segment.topic_id, segment.range_id))
                 .collect()
@@ -108,11 +148,11 @@ impl Broker {
     /// failing too), and once they return no producer asks, since none writes to a head that
     /// refuses appends; until it is sealed its range takes no writes.
     fn tend_heads(&self) {
-        for (key, refused) in self.replicator.heads_refused() {
+        for (key, refused) in self.broker().replicator.heads_refused() {
             let closed = self.read_meta(key.topic_id, |meta| meta.segment_closed(key.segment_id));
             if closed {
                 tracing::debug!(?key, "a head held here was sealed elsewhere: forgetting it");
-                self.replicator.forget(key);
+                self.broker().replicator.forget(key);
             } else if refused {
                 self.request_roll(key.topic_id, key.range_id);
             }
@@ -186,7 +226,7 @@ impl Broker {
             }
             Action::Expire { ref segments } => {
                 self.expire_in(term, segments).await?;
-                self.reclaim().await.map(|()| Vec::new())
+                self.broker().reclaim().await.map(|()| Vec::new())
             }
         }
     }
@@ -206,8 +246,9 @@ impl Broker {
             self.rolling.lock().expect("rolling lock poisoned").insert((topic_id, range_id));
             tokio::spawn(async move {
                 let vnode = broker.ring.of_id(topic_id).expect("the ring is fixed");
-                broker.carry_out(vnode, decision).await;
-                broker.rolling.lock().expect("rolling lock poisoned").remove(&(topic_id, range_id));
+                let coordination = &broker.coordination;
+                coordination.carry_out(vnode, decision).await;
+                coordination.rolling.lock().expect("rolling lock poisoned").remove(&(topic_id, range_id));
             });
             return;
         }
@@ -222,32 +263,22 @@ impl Broker {
         }
         tokio::spawn(async move {
             let vnode = broker.ring.of_id(topic_id).expect("the ring is fixed");
-            if let Err(error) = broker.ask_leader(vnode, &Ask::Roll { topic_id, range_id }).await {
+            if let Err(error) = broker.coordination.ask_leader(vnode, &Ask::Roll { topic_id, range_id }).await {
                 tracing::debug!(topic_id, range_id, %error, "asking the leader for a roll failed");
             }
         });
     }
 
-    /// Splits a range (an operator's request): carried out by the coordinator, here or on the
-    /// leader. Returns the two halves.
-    pub async fn split(&self, topic: &str, range_id: u32) -> Result<[u32; 2], LogError> {
-        self.see_topic(topic).await?;
-        let topic_id = self.topic_id(topic)?;
-        let ranges =
-            self.reshape(self.ring.named(topic), Ask::Split { topic_id, range_id }).await?;
-        ranges.try_into().map_err(|_| LogError::Unavailable("a split answered no halves".into()))
+    /// Splits or merges ranges (an operator's request): carried out by the coordinator, here
+    /// or on the leader. Returns the new ranges.
+    pub(crate) async fn reshape(&self, ask: Ask) -> Result<Vec<u32>, LogError> {
+        let (Ask::Split { topic_id, .. } | Ask::Merge { topic_id, .. }) = ask else {
+            unreachable!("only reshapes are asked here")
+        };
+        self.reshape_in(self.vnode_of(topic_id)?, ask).await
     }
 
-    /// Merges two buddy ranges (an operator's request), as [`Broker::split`].
-    pub async fn merge(&self, topic: &str, left: u32, right: u32) -> Result<u32, LogError> {
-        self.see_topic(topic).await?;
-        let topic_id = self.topic_id(topic)?;
-        let ask = Ask::Merge { topic_id, left, right };
-        let ranges = self.reshape(self.ring.named(topic), ask).await?;
-        ranges.first().copied().ok_or(LogError::Unavailable("a merge answered no range".into()))
-    }
-
-    async fn reshape(&self, vnode: &Vnode, ask: Ask) -> Result<Vec<u32>, LogError> {
+    async fn reshape_in(&self, vnode: &Vnode, ask: Ask) -> Result<Vec<u32>, LogError> {
         let Some(term) = self.observe_leadership(vnode) else {
             let answer = self.ask_leader(vnode, &ask).await?;
             return match decode::<Reshaped>(&answer)? {
@@ -283,7 +314,7 @@ impl Broker {
 
     /// Rolls a range's head now (an operator's or a test's request): here when this broker
     /// leads the topic's vnode, else asked of the leader, which rolls it shortly.
-    pub async fn roll(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
+    pub(crate) async fn roll(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
         let vnode = self.vnode_of(topic_id)?;
         match self.observe_leadership(vnode) {
             Some(term) => {
@@ -330,7 +361,7 @@ impl Broker {
                 continue;
             }
             let due = self.read_meta(key.topic_id, |meta| {
-                let defaults = self.roll_defaults();
+                let defaults = self.broker().roll_defaults();
                 meta.roll_due(key.topic_id, key.range_id, durable_bytes, now_ms, &defaults)
             });
             if due {
@@ -438,7 +469,7 @@ impl Broker {
                 if self.observe_leadership(vnode).is_none() {
                     return Err("this broker does not lead the vnode".into());
                 }
-                let answer = match self.reshape(vnode, ask).await {
+                let answer = match self.reshape_in(vnode, ask).await {
                     Ok(ranges) => Reshaped::Ranges(ranges),
                     Err(error) => Reshaped::Refused {
                         reason: error.reason(),

@@ -535,7 +535,7 @@ impl Broker {
             // A primary that restarted since it created the head does not know what a quorum
             // holds: failover seals the head first (found in CI: a reader that met a head
             // sealed a moment ago, or created a moment ago, was told `migrating`).
-            self.request_roll(key.topic_id, key.range_id);
+            self.coordination.request_roll(key.topic_id, key.range_id);
             return Err(LogError::Migrating);
         };
         Ok(Some(HeadEnd { offset, sealed }))

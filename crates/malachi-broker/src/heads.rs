@@ -23,12 +23,12 @@ use malachi_meta::{
 use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::gossip::PeerStatus;
-use crate::node::Broker;
+use crate::coordinate::Coordination;
 use crate::peer::Remote;
 use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
 use crate::topics::map_meta_error;
 
-impl Broker {
+impl Coordination {
     /// Proposes a coordinator's command in the term it was decided in, on this node only, and
     /// wrapped with that term, so the metadata machine refuses it should it ever land after a
     /// later coordinator's (`MetaError::StaleCoordinator`). The deposed-coordinator canary
@@ -220,20 +220,20 @@ impl Broker {
     /// it; a replicated one by its primary, or by failover when the primary cannot (dead,
     /// out of reach, or failing), never by promoting another copy (`failover.rs`).
     pub(crate) async fn seal_anywhere(&self, key: SegmentKey) -> Result<SealReport, LogError> {
-        let replicated = self.replicator.replicas(key).is_some_and(|replicas| replicas.len() > 1);
+        let replicated = self.broker().replicator.replicas(key).is_some_and(|replicas| replicas.len() > 1);
         let Some(primary) = self.holder_elsewhere(key) else {
             return self.seal_held(key).await;
         };
         if replicated && self.member_status(primary) == PeerStatus::Dead {
             tracing::info!(?key, primary, "the primary is dead: failover");
-            return self.replicator.seal_by_failover(key).await;
+            return self.broker().replicator.seal_by_failover(key).await;
         }
         match self.remote_seal(primary, key).await {
             Ok(Remote::Done(seal)) => Ok(seal),
             Ok(Remote::FencedOrGone) => Err(LogError::Migrating),
             Err(error) if replicated => {
                 tracing::warn!(?key, primary, %error, "the primary did not seal; failover");
-                self.replicator.seal_by_failover(key).await
+                self.broker().replicator.seal_by_failover(key).await
             }
             Err(error) => Err(error),
         }
@@ -241,8 +241,8 @@ impl Broker {
 
     /// Seals `key` on this broker, which holds its one copy or is its primary.
     pub(crate) async fn seal_held(&self, key: SegmentKey) -> Result<SealReport, LogError> {
-        match self.replicator.replicas(key) {
-            Some(replicas) if replicas.len() > 1 => self.replicator.seal_as_primary(key).await,
+        match self.broker().replicator.replicas(key) {
+            Some(replicas) if replicas.len() > 1 => self.broker().replicator.seal_as_primary(key).await,
             _ => self.seal_here(key).await,
         }
     }
@@ -362,15 +362,6 @@ impl Broker {
         Ok(placement.brokers)
     }
 
-    /// How many replicas a segment should have: the replication factor, or fewer in a cluster
-    /// of fewer brokers that take new work.
-    pub fn replicas_wanted(&self) -> usize {
-        let view = self.cluster_view();
-        let members =
-            view.brokers.iter().filter(|broker| self.takes_new_work(broker.record.node_id)).count();
-        self.config.cluster.replication_factor.min(members.max(1))
-    }
-
     /// The brokers a new replica may go to now: alive, taking new work, and not found out of
     /// reach a moment ago (this broker alone before its first registration).
     pub(crate) fn placement_candidates(&self) -> Vec<Candidate> {
@@ -381,8 +372,8 @@ impl Broker {
             .filter(|broker| {
                 let node_id = broker.record.node_id;
                 broker.status == PeerStatus::Alive
-                    && self.takes_new_work(node_id)
-                    && !self.replicator.recently_unreachable(node_id)
+                    && self.broker().takes_new_work(node_id)
+                    && !self.broker().replicator.recently_unreachable(node_id)
             })
             .map(|broker| Candidate {
                 broker_id: broker.record.node_id,
@@ -405,7 +396,7 @@ impl Broker {
     pub(crate) fn placement_constraints(&self, topic_id: Option<u64>) -> placement::Constraints {
         let mut constraints = self.config.cluster.placement.clone();
         let Some(topic_id) = topic_id else { return constraints };
-        let definitions = self.policy_definitions();
+        let definitions = self.broker().policy_definitions();
         let default = constraints.spread_by.clone();
         let spread_by = self.read_meta(topic_id, |meta| {
             let topic = meta.topic(topic_id)?;

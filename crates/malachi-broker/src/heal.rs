@@ -123,7 +123,7 @@ impl Healer {
     /// after the last one looked at.
     fn unsettled_segments(&self, vnode: &Vnode) -> Vec<Unsettled> {
         let after = self.heal_cursor(vnode.vnode_id());
-        let wanted = self.broker().replicas_wanted();
+        let wanted = self.broker().coordination.replicas_wanted();
         let found: Vec<Unsettled> = vnode.group.read(|meta| {
             let unsettled = meta
                 .0
@@ -234,7 +234,7 @@ impl Healer {
             return;
         };
         let command = MetaCommand::AddReplica { segment_id: key.segment_id, new };
-        match self.broker().propose_in_term(term, key.topic_id, command).await {
+        match self.broker().coordination.propose_in_term(term, key.topic_id, command).await {
             Ok(_) => tracing::info!(?key, new, "a replica added: the segment had too few"),
             Err(error) => tracing::warn!(?key, new, %error, "adding a replica failed"),
         }
@@ -268,7 +268,7 @@ impl Healer {
             })
             .collect();
         let object = key.segment_id.to_le_bytes();
-        let constraints = self.broker().placement_constraints(Some(key.topic_id));
+        let constraints = self.broker().coordination.placement_constraints(Some(key.topic_id));
         match placement::place(&object, wanted, &live, survivors, &constraints) {
             Ok(placed) => placed.brokers.into_iter().find(|broker| !survivors.contains(broker)),
             Err(error) => {
@@ -290,7 +290,7 @@ impl Healer {
             return;
         };
         let command = MetaCommand::ReplaceReplica { segment_id: key.segment_id, old: dead, new };
-        match self.broker().propose_in_term(term, key.topic_id, command).await {
+        match self.broker().coordination.propose_in_term(term, key.topic_id, command).await {
             Ok(_) => tracing::info!(?key, dead, new, "replica moved off a dead broker"),
             Err(error) => tracing::warn!(?key, dead, new, %error, "moving a replica failed"),
         }

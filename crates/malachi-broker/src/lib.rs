@@ -5,7 +5,7 @@ pub mod auth;
 pub mod clock;
 pub mod cluster;
 pub mod config;
-mod coordinate;
+pub mod coordinate;
 pub mod coordinator;
 pub mod cursor;
 pub mod data;

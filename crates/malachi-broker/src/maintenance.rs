@@ -27,7 +27,7 @@ impl Broker {
                     leaders.note(&broker.cluster_view());
                 }
                 broker.reconcile_seats().await;
-                broker.coordinate_once().await;
+                broker.coordination.coordinate_once().await;
                 broker.healer.scrub_once().await;
                 let now_ms = broker.clock.now_ms();
                 broker.members.lock().expect("members lock poisoned").prune(now_ms);
@@ -59,7 +59,7 @@ impl Broker {
             }
             let plan = vnode.group.read(|meta| meta.0.retention_plan(now_ms, &policies, &defaults));
             // One vnode that cannot expire now (it just lost its leadership) holds back no other.
-            match self.expire_in(term, &plan).await {
+            match self.coordination.expire_in(term, &plan).await {
                 Ok(records) => expired += records,
                 Err(error) => {
                     tracing::warn!(vnode = vnode.vnode_id(), %error, "a retention pass failed");

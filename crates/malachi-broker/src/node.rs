@@ -2,7 +2,6 @@
 //! (segment rolls, load-driven reshapes, retention). The log API itself is in `produce.rs`,
 //! `fetch.rs`, `topics.rs` and `groups.rs`, as methods of [`Broker`].
 
-use std::collections::BTreeSet;
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -18,7 +17,6 @@ use crate::cursor::CursorKey;
 use crate::data::{DataPlane, IoMode};
 use crate::error::LogError;
 use crate::groups::Members;
-use crate::load::LoadTracker;
 use crate::machines::{AdminMachine, RootMachine};
 use crate::notify::{Clock, Notifier};
 use crate::vnodes::{Ring, RingOpen};
@@ -135,15 +133,12 @@ pub struct BootReport {
 
 pub struct Broker {
     pub(crate) core: Arc<Core>,
-    pub(crate) load: Mutex<LoadTracker>,
-    /// Ranges this broker is rolling now (as their vnode's coordinator).
-    pub(crate) rolling: Mutex<BTreeSet<(u64, u32)>>,
-    /// When this broker last asked the vnode's leader to roll each range.
-    pub(crate) roll_asked_ms: Mutex<std::collections::BTreeMap<(u64, u32), u64>>,
     /// When this broker last handed each vnode's leadership over, by group id (`seats.rs`).
     pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
     /// Replication and failover of the heads this broker holds copies of.
     pub(crate) replicator: Arc<crate::replica::Replicator>,
+    /// Coordinating the vnodes this broker leads, and rolls of the heads it holds.
+    pub(crate) coordination: crate::coordinate::Coordination,
     /// Settling, rebuilding, moving and growing copies of sealed segments.
     pub(crate) healer: crate::heal::Healer,
     /// One scrape at a time: a scrape clears and sets the state gauges.
@@ -315,7 +310,6 @@ impl Broker {
             deps.config.dashboard.metrics_topics_max as usize,
             &data.commit_metrics(),
         );
-        let load = Mutex::new(LoadTracker::new(deps.config.load.window_ms));
         let broker = Arc::new_cyclic(|me| {
             let core = Arc::new(Core {
             me: me.clone(),
@@ -340,12 +334,10 @@ impl Broker {
             });
             Broker {
             scraping: tokio::sync::Mutex::new(()),
-            load,
-            rolling: Mutex::new(BTreeSet::new()),
-            roll_asked_ms: Mutex::new(Default::default()),
             leadership_moved_ms: Mutex::new(Default::default()),
             replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
             healer: crate::heal::Healer::new(Arc::clone(&core)),
+            coordination: crate::coordinate::Coordination::new(Arc::clone(&core)),
             core,
             }
         });
@@ -578,6 +570,11 @@ impl Broker {
         command: AdminCommand,
     ) -> Result<malachi_meta::AdminResponse, LogError> {
         self.admin.propose(command).await?.map_err(LogError::Admin)
+    }
+
+    /// The coordination service, for tests that drive it a tick at a time.
+    pub fn coordination(&self) -> &crate::coordinate::Coordination {
+        &self.coordination
     }
 
     /// The replication service, for the simulator's checks.

@@ -178,7 +178,7 @@ impl Broker {
         let replicated = self.replicator.replicas(key).is_some_and(|replicas| replicas.len() > 1);
         if replicated && matches!(error, LogError::Unavailable(_)) {
             tracing::info!(?key, %error, "the primary is out of reach: asking for a roll");
-            self.request_roll(key.topic_id, key.range_id);
+            self.coordination.request_roll(key.topic_id, key.range_id);
         }
     }
 
@@ -268,7 +268,7 @@ impl Broker {
             Err(AppendError::Sealed { .. }) => {
                 // A reshape sealed it under us (it moves the head on), or one stopped
                 // after its seal (a crash, a refusal): the roll asked for completes it.
-                self.request_roll(batch.key.topic_id, batch.key.range_id);
+                self.coordination.request_roll(batch.key.topic_id, batch.key.range_id);
                 pass.fenced.extend(batch.indexes);
             }
             Err(error) => {
@@ -323,18 +323,12 @@ impl Broker {
         active_bytes: u64,
     ) {
         let now_ms = self.clock.now_ms();
-        self.load.lock().expect("load lock poisoned").record(
-            key.topic_id,
-            key.range_id,
-            records,
-            bytes,
-            now_ms,
-        );
+        self.coordination.record_load(key, records, bytes, now_ms);
         let due = self.read_meta(key.topic_id, |meta| {
             meta.roll_due(key.topic_id, key.range_id, active_bytes, now_ms, &self.roll_defaults())
         });
         if due {
-            self.request_roll(key.topic_id, key.range_id);
+            self.coordination.request_roll(key.topic_id, key.range_id);
         }
     }
 
@@ -349,7 +343,7 @@ impl Broker {
     /// disk), seal it there and roll, so the range takes writes again on a new segment.
     pub(crate) fn repair_poisoned(&self, key: SegmentKey, segment: &Arc<malachi_log::Segment>) {
         self.data.evict_poisoned(key, segment);
-        self.request_roll(key.topic_id, key.range_id);
+        self.coordination.request_roll(key.topic_id, key.range_id);
     }
 }
 

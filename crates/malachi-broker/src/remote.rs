@@ -172,7 +172,7 @@ impl Core {
 
     /// Answers the coordinator's fence of a head held here.
     pub(crate) async fn answer_seal(&self, key: SegmentKey) -> Vec<u8> {
-        let sealed = match self.broker().seal_held(key).await {
+        let sealed = match self.broker().coordination.seal_held(key).await {
             Err(LogError::NoSuchTopic) => Ok(None),
             other => other.map(Some),
         };

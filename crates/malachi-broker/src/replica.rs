@@ -436,7 +436,7 @@ impl Replicator {
     ) -> Result<AppendTicket, ReplicatedAppendError> {
         let Some(head) = self.replication.head(key) else {
             // Restarted since it created the head: only failover may decide where it ends.
-            self.broker().request_roll(key.topic_id, key.range_id);
+            self.broker().coordination.request_roll(key.topic_id, key.range_id);
             return Err(ReplicatedAppendError::Append(AppendError::Sealed { end_offset: 0 }));
         };
         let replicator = self.handle().expect("a serving broker is held by an Arc");
@@ -481,7 +481,7 @@ impl Replicator {
         if lost {
             self.replication.heads.lock().expect("heads lock poisoned").remove(&head.key);
             self.replication.recovered.lock().expect("recovered lock poisoned").insert(head.key);
-            self.broker().request_roll(head.key.topic_id, head.key.range_id);
+            self.broker().coordination.request_roll(head.key.topic_id, head.key.range_id);
         }
     }
 
@@ -528,7 +528,7 @@ impl Replicator {
                     head.acked.send_modify(|acked| {
                         acked.refused_from.get_or_insert(from);
                     });
-                    self.broker().request_roll(head.key.topic_id, head.key.range_id);
+                    self.broker().coordination.request_roll(head.key.topic_id, head.key.range_id);
                 }
             }
         }

@@ -172,7 +172,7 @@ impl Broker {
     /// Segments of `meta` with fewer replicas than they should have, a replica on a dead
     /// broker, or (sealed) a copy not settled.
     fn under_replicated_in(&self, meta: &MetaState) -> i64 {
-        let wanted = self.replicas_wanted();
+        let wanted = self.coordination.replicas_wanted();
         let mut count = 0;
         for topic in meta.topics() {
             for range in topic.ranges.values() {

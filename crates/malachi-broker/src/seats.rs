@@ -374,7 +374,7 @@ impl Broker {
         self.propose_admin(AdminCommand::SetBrokerLeaving { node_id, leaving: true }).await?;
         tracing::info!(node_id, heads = heads.len(), sealed, "decommissioning a broker");
         for (topic_id, range_id) in heads {
-            if let Err(error) = self.roll(topic_id, range_id).await {
+            if let Err(error) = self.coordination.roll(topic_id, range_id).await {
                 tracing::warn!(node_id, topic_id, range_id, %error, "rolling a head off failed");
             }
         }

@@ -40,7 +40,7 @@ impl Core {
             && opened.segment.status().sealed.is_some()
             && matches!(self.listed(key), Some(Listed::ActiveCreated | Listed::ActiveUnborn))
         {
-            self.broker().request_roll(key.topic_id, key.range_id);
+            self.broker().coordination.request_roll(key.topic_id, key.range_id);
         }
         Ok(opened.segment)
     }

@@ -7,6 +7,7 @@ use malachi_meta::{
 
 use crate::data::SegmentKey;
 use crate::error::LogError;
+use crate::peer::Ask;
 use crate::node::Broker;
 use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
 
@@ -52,7 +53,7 @@ impl Broker {
             now_ms: self.clock.now_ms(),
             initial_ranges,
             segment_roll: SegmentRoll::default(),
-            replicas: self.segment_replicas(None, name.as_bytes())?,
+            replicas: self.coordination.segment_replicas(None, name.as_bytes())?,
             creator: creator.map(str::to_string),
             quota: self.config.quota(),
         });
@@ -66,7 +67,7 @@ impl Broker {
             .map(|(range_id, segment_id)| SegmentKey { topic_id, range_id, segment_id })
             .collect();
         tracing::debug!(node = self.node_id, name, topic_id, "created");
-        self.create_placed(&keys).await;
+        self.coordination.create_placed(&keys).await;
         Ok(topic_id)
     }
 
@@ -96,7 +97,7 @@ impl Broker {
         tracing::debug!(node = self.node_id, name, ?topic_id, ?heads, "deleting");
         let Some(heads) = heads else { return Err(LogError::NoSuchTopic) };
         for &key in &heads {
-            self.seal_anywhere(key).await?;
+            self.coordination.seal_anywhere(key).await?;
         }
         let fenced_heads = heads.iter().map(|key| key.segment_id).collect();
         let command = MetaCommand::DeleteFencedTopic { name: name.into(), fenced_heads };
@@ -227,9 +228,32 @@ impl Broker {
         self.topic_id(topic).map_or(0, |topic_id| self.notifier.parked(topic_id))
     }
 
+    /// Splits a range (an operator's request): carried out by the coordinator, here or on the
+    /// leader. Returns the two halves.
+    pub async fn split(&self, topic: &str, range_id: u32) -> Result<[u32; 2], LogError> {
+        self.see_topic(topic).await?;
+        let topic_id = self.topic_id(topic)?;
+        let ranges = self.coordination.reshape(Ask::Split { topic_id, range_id }).await?;
+        ranges.try_into().map_err(|_| LogError::Unavailable("a split answered no halves".into()))
+    }
+
+    /// Merges two buddy ranges (an operator's request), as [`Broker::split`].
+    pub async fn merge(&self, topic: &str, left: u32, right: u32) -> Result<u32, LogError> {
+        self.see_topic(topic).await?;
+        let topic_id = self.topic_id(topic)?;
+        let ranges = self.coordination.reshape(Ask::Merge { topic_id, left, right }).await?;
+        ranges.first().copied().ok_or(LogError::Unavailable("a merge answered no range".into()))
+    }
+
+    /// Rolls a range's head now (an operator's or a test's request): here when this broker
+    /// leads the topic's vnode, else asked of the leader, which rolls it shortly.
+    pub async fn roll(&self, topic_id: u64, range_id: u32) -> Result<(), LogError> {
+        self.coordination.roll(topic_id, range_id).await
+    }
+
     /// Segment rolls requested and not finished yet.
     pub fn rolls_pending(&self) -> usize {
-        self.rolling.lock().expect("rolling lock poisoned").len()
+        self.coordination.rolls_pending()
     }
 
     /// Every topic's name, sorted.

@@ -116,7 +116,7 @@ async fn load_splits_a_hot_range_and_merges_cold_buddies() {
     let records: Vec<Record> =
         (0..2000).map(|at| Record::keyed(format!("k{at}"), Bytes::from_static(b"v"), 0)).collect();
     broker.produce("hot", records, &mut Spread::default()).await.unwrap();
-    broker.coordinate_once().await;
+    broker.coordination().coordinate_once().await;
     async fn active(broker: &Broker) -> usize {
         let info = broker.describe_topic("hot").await.unwrap();
         info.ranges.iter().filter(|range| range.active).count()
@@ -124,7 +124,7 @@ async fn load_splits_a_hot_range_and_merges_cold_buddies() {
     assert_eq!(active(&broker).await, 2, "2000 records in a 1 s window is over 100/s: split");
     // With no traffic for a whole window both halves are cold buddies: merge.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    broker.coordinate_once().await;
+    broker.coordination().coordinate_once().await;
     assert_eq!(active(&broker).await, 1, "cold buddies merge back");
     let (read, _, _) = read_all(&broker, "hot", None).await;
     assert_eq!(read.len(), 2000);

@@ -58,7 +58,7 @@ async fn dispatch(broker: &Broker, sender: u64, call: PeerCall) -> Result<Vec<u8
         // A broker registers itself only.
         PeerCall::Join(record) => broker.answer_join(sender, record).await,
         PeerCall::AddMember(add) => broker.add_to_group(add).await.map(|()| Vec::new()),
-        PeerCall::Coordinate { group_id, ask } => broker.answer_coordination(group_id, ask).await,
+        PeerCall::Coordinate { group_id, ask } => broker.coordination.answer_coordination(group_id, ask).await,
         PeerCall::Enroll(_) => Err("a member holds its certificate and enrolls no more".into()),
         PeerCall::Data { key, call } => answer_data(broker, sender, key, call).await,
     }
