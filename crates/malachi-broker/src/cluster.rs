@@ -53,7 +53,7 @@ impl Core {
     pub fn replicas_wanted(&self) -> usize {
         let view = self.cluster_view();
         let members =
-            view.brokers.iter().filter(|broker| self.broker().takes_new_work(broker.record.node_id)).count();
+            view.brokers.iter().filter(|broker| self.broker().seats.takes_new_work(broker.record.node_id)).count();
         self.config.cluster.replication_factor.min(members.max(1))
     }
 

@@ -372,7 +372,7 @@ impl Coordination {
             .filter(|broker| {
                 let node_id = broker.record.node_id;
                 broker.status == PeerStatus::Alive
-                    && self.broker().takes_new_work(node_id)
+                    && self.broker().seats.takes_new_work(node_id)
                     && !self.broker().replicator.recently_unreachable(node_id)
             })
             .map(|broker| Candidate {

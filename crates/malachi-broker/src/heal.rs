@@ -258,7 +258,7 @@ impl Healer {
                 let node = broker.record.node_id;
                 survivors.contains(&node)
                     || (broker.status == PeerStatus::Alive
-                        && self.broker().takes_new_work(node)
+                        && self.broker().seats.takes_new_work(node)
                         && !segment.replicas.contains(&node)
                         && !segment.dropped.contains(&node))
             })

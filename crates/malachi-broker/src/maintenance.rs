@@ -26,7 +26,7 @@ impl Broker {
                     broker.sync_addresses();
                     leaders.note(&broker.cluster_view());
                 }
-                broker.reconcile_seats().await;
+                broker.seats.reconcile_seats().await;
                 broker.coordination.coordinate_once().await;
                 broker.healer.scrub_once().await;
                 let now_ms = broker.clock.now_ms();

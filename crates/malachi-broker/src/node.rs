@@ -133,8 +133,8 @@ pub struct BootReport {
 
 pub struct Broker {
     pub(crate) core: Arc<Core>,
-    /// When this broker last handed each vnode's leadership over, by group id (`seats.rs`).
-    pub(crate) leadership_moved_ms: Mutex<std::collections::BTreeMap<u64, u64>>,
+    /// The Raft groups' voter seats and the vnodes' leadership.
+    pub(crate) seats: crate::seats::Seats,
     /// Replication and failover of the heads this broker holds copies of.
     pub(crate) replicator: Arc<crate::replica::Replicator>,
     /// Coordinating the vnodes this broker leads, and rolls of the heads it holds.
@@ -334,7 +334,7 @@ impl Broker {
             });
             Broker {
             scraping: tokio::sync::Mutex::new(()),
-            leadership_moved_ms: Mutex::new(Default::default()),
+            seats: crate::seats::Seats::new(Arc::clone(&core)),
             replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
             healer: crate::heal::Healer::new(Arc::clone(&core)),
             coordination: crate::coordinate::Coordination::new(Arc::clone(&core)),
@@ -570,6 +570,11 @@ impl Broker {
         command: AdminCommand,
     ) -> Result<malachi_meta::AdminResponse, LogError> {
         self.admin.propose(command).await?.map_err(LogError::Admin)
+    }
+
+    /// The seats service: the operator's decommission of a broker.
+    pub fn seats(&self) -> &crate::seats::Seats {
+        &self.seats
     }
 
     /// The coordination service, for tests that drive it a tick at a time.

@@ -18,6 +18,7 @@
 
 use malachi_reason::Reason;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use malachi_consensus::{RaftGroup, StateMachine};
@@ -26,7 +27,7 @@ use malachi_meta::placement::{self, Candidate, Constraints};
 
 use crate::cluster::ADMIN_VOTERS_MAX;
 use crate::gossip::PeerStatus;
-use crate::node::{ADMIN_GROUP_ID, Broker};
+use crate::node::{ADMIN_GROUP_ID, Core};
 use crate::vnodes::ROOT_GROUP_ID;
 
 /// A vnode's leadership is handed over at most this often.
@@ -220,7 +221,27 @@ pub fn group_object(group_id: u64) -> Vec<u8> {
     [&b"group"[..], &group_id.to_le_bytes()].concat()
 }
 
-impl Broker {
+/// The seats service: keeps every Raft group at the voters it wants on live brokers, spreads
+/// the vnodes' leadership, and decommissions brokers.
+pub struct Seats {
+    core: Arc<Core>,
+    /// When this broker last handed each vnode's leadership over, by group id.
+    leadership_moved_ms: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl std::ops::Deref for Seats {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Seats {
+    pub(crate) fn new(core: Arc<Core>) -> Seats {
+        Seats { core, leadership_moved_ms: Mutex::default() }
+    }
+
     /// One pass of the reconcile loop over the groups this broker leads, then the leadership
     /// of the vnodes it leads that should rest elsewhere.
     pub async fn reconcile_seats(&self) {
@@ -248,7 +269,7 @@ impl Broker {
     /// What every registered broker is now, for the seats.
     fn broker_facts(&self) -> BTreeMap<u64, BrokerFacts> {
         let replace_after_ms = self.config.cluster.voter_replace_after_ms;
-        let registered: Vec<(u64, bool)> = self.read_admin(|admin| {
+        let registered: Vec<(u64, bool)> = self.broker().read_admin(|admin| {
             admin
                 .brokers()
                 .map(|broker| (broker.node_id, admin.broker_leaving(broker.node_id)))
@@ -374,7 +395,7 @@ impl Broker {
         self.propose_admin(AdminCommand::SetBrokerLeaving { node_id, leaving: true }).await?;
         tracing::info!(node_id, heads = heads.len(), sealed, "decommissioning a broker");
         for (topic_id, range_id) in heads {
-            if let Err(error) = self.coordination.roll(topic_id, range_id).await {
+            if let Err(error) = self.broker().coordination.roll(topic_id, range_id).await {
                 tracing::warn!(node_id, topic_id, range_id, %error, "rolling a head off failed");
             }
         }

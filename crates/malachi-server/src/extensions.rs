@@ -54,7 +54,7 @@ pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Requ
         }
         Request::ClusterStatus(_) => Ok(cluster_status(connection)),
         Request::RemoveBroker(request) => {
-            match connection.broker.decommission(request.node_id, request.force).await {
+            match connection.broker.seats().decommission(request.node_id, request.force).await {
                 Ok(()) => Ok(Response::RemoveBroker(Empty)),
                 Err(error) => {
                     tracing::info!(node_id = request.node_id, %error, "remove_broker refused");
