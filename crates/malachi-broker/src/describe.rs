@@ -26,7 +26,7 @@ use malachi_meta::{MetaState, Segment};
 use crate::data::{DataError, Listed, SegmentKey};
 use crate::error::LogError;
 use crate::gossip::PeerStatus;
-use crate::node::Broker;
+use crate::scrape::Observer;
 use crate::peer::{self, DataCall, Reader, Remote};
 
 /// Segments one description lists at most: the first ones, in range then segment order.
@@ -75,14 +75,14 @@ pub struct CopyState {
 /// Nodes that failed to answer during one description: not asked again in it.
 type Silent = Mutex<BTreeSet<u64>>;
 
-impl Broker {
+impl Observer {
     /// Each segment of `topic` (the first [`DESCRIBED_SEGMENTS_MAX`]) with its copies, each as
     /// its broker reports it.
     pub async fn describe_segments(
         &self,
         topic: &str,
     ) -> Result<Vec<SegmentDescription>, LogError> {
-        self.see_topic(topic).await?;
+        self.broker().see_topic(topic).await?;
         let (topic_id, mut segments) = self.read_meta_named(topic, |meta| {
             listed_segments(meta, topic, DESCRIBED_SEGMENTS_MAX).ok_or(LogError::NoSuchTopic)
         })?;

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cursor::RangePosition;
 use crate::error::LogError;
-use crate::node::Broker;
+use crate::scrape::Observer;
 use crate::topics::{RangeInfo, TopicInfo};
 
 /// Where a group stands in one range.
@@ -51,17 +51,17 @@ pub struct GroupLag {
     pub updated_ms: u64,
 }
 
-impl Broker {
+impl Observer {
     /// The lag of `group` on `topic`; a group that never committed stands at the start.
     pub async fn group_lag(&self, topic: &str, group: &str) -> Result<GroupLag, LogError> {
-        let info = self.describe_topic(topic).await?;
+        let info = self.broker().describe_topic(topic).await?;
         Ok(self.lag_on(&info, group))
     }
 
     /// The lag of every group that committed on `topic` (sorted by group name), the topic's
     /// ends read once for all of them.
     pub async fn topic_group_lags(&self, topic: &str) -> Result<Vec<GroupLag>, LogError> {
-        let info = self.describe_topic(topic).await?;
+        let info = self.broker().describe_topic(topic).await?;
         let groups = self.read_meta(info.topic_id, |meta| {
             meta.topic(info.topic_id)
                 .map(|topic| topic.groups.keys().cloned().collect::<Vec<String>>())
@@ -72,7 +72,7 @@ impl Broker {
 
     fn lag_on(&self, info: &TopicInfo, group: &str) -> GroupLag {
         let topic = self.topic_named(&info.name);
-        let frontier = topic.as_ref().map(|topic| self.group_frontier(topic, group));
+        let frontier = topic.as_ref().map(|topic| self.broker().group_frontier(topic, group));
         let updated_ms = self.read_meta(info.topic_id, |meta| {
             meta.group(info.topic_id, group).map_or(0, |state| state.updated_ms)
         });

@@ -30,7 +30,7 @@ mod policies;
 pub mod produce;
 mod remote;
 pub mod replica;
-mod scrape;
+pub mod scrape;
 pub mod seats;
 mod segments;
 pub mod testing;

@@ -141,8 +141,8 @@ pub struct Broker {
     pub(crate) coordination: crate::coordinate::Coordination,
     /// Settling, rebuilding, moving and growing copies of sealed segments.
     pub(crate) healer: crate::heal::Healer,
-    /// One scrape at a time: a scrape clears and sets the state gauges.
-    pub(crate) scraping: tokio::sync::Mutex<()>,
+    /// What operators see: metrics, readiness, copies, consumer lag.
+    pub(crate) observer: crate::scrape::Observer,
 }
 
 /// What every service of a broker shares: its identity and configuration, its clock and
@@ -193,6 +193,11 @@ impl Core {
     /// them runs the broker is alive.
     pub(crate) fn broker(&self) -> Arc<Broker> {
         self.me.upgrade().expect("a service runs inside its live broker")
+    }
+
+    /// What operators see at `/metrics`, for the server to count into.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// The broker, for a background task to hold; `None` once it is stopping.
@@ -333,7 +338,7 @@ impl Broker {
             statuses: Mutex::new(Default::default()),
             });
             Broker {
-            scraping: tokio::sync::Mutex::new(()),
+            observer: crate::scrape::Observer::new(Arc::clone(&core)),
             seats: crate::seats::Seats::new(Arc::clone(&core)),
             replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
             healer: crate::heal::Healer::new(Arc::clone(&core)),
@@ -570,6 +575,11 @@ impl Broker {
         command: AdminCommand,
     ) -> Result<malachi_meta::AdminResponse, LogError> {
         self.admin.propose(command).await?.map_err(LogError::Admin)
+    }
+
+    /// The observing service: metrics, readiness, copies, consumer lag.
+    pub fn observer(&self) -> &crate::scrape::Observer {
+        &self.observer
     }
 
     /// The seats service: the operator's decommission of a broker.

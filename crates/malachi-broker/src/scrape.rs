@@ -12,8 +12,9 @@ use malachi_meta::MetaState;
 
 use crate::data::SegmentKey;
 use crate::gossip::PeerStatus;
-use crate::metrics::{GroupLabel, LagLabels, Metrics, NodeLabel, StateLabel};
-use crate::node::Broker;
+use crate::metrics::{GroupLabel, LagLabels, NodeLabel, StateLabel};
+use crate::node::Core;
+use std::sync::Arc;
 
 /// Membership status as the wire and the metrics number it.
 pub fn status_code(status: PeerStatus) -> u8 {
@@ -34,9 +35,25 @@ struct Held {
     sealed: (i64, i64),
 }
 
-impl Broker {
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+/// The observing service: what operators see of this broker and its cluster (`/metrics`,
+/// readiness, the segments' copies, consumer lag). It reads; it changes nothing.
+pub struct Observer {
+    core: Arc<Core>,
+    /// One scrape at a time: a scrape clears and sets the state gauges.
+    scraping: tokio::sync::Mutex<()>,
+}
+
+impl std::ops::Deref for Observer {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Observer {
+    pub(crate) fn new(core: Arc<Core>) -> Observer {
+        Observer { core, scraping: tokio::sync::Mutex::new(()) }
     }
 
     /// Whether this broker can serve now (`/ready`): its data plane takes writes, it has joined
@@ -125,12 +142,12 @@ impl Broker {
             gauges.broker_status.get_or_create(&label).set(i64::from(status_code(broker.status)));
         }
         gauges.replication_lag.clear();
-        for (node, records) in self.replicator.follower_lag() {
+        for (node, records) in self.broker().replicator.follower_lag() {
             let label = NodeLabel { node_id: node.to_string() };
             gauges.replication_lag.get_or_create(&label).set(records as i64);
         }
         let now_ms = self.clock.now_ms();
-        let locked = self.read_admin(|admin| admin.locked_count(now_ms));
+        let locked = self.broker().read_admin(|admin| admin.locked_count(now_ms));
         gauges.locked_accounts.set(locked as i64);
     }
 
@@ -172,7 +189,7 @@ impl Broker {
     /// Segments of `meta` with fewer replicas than they should have, a replica on a dead
     /// broker, or (sealed) a copy not settled.
     fn under_replicated_in(&self, meta: &MetaState) -> i64 {
-        let wanted = self.coordination.replicas_wanted();
+        let wanted = self.broker().coordination.replicas_wanted();
         let mut count = 0;
         for topic in meta.topics() {
             for range in topic.ranges.values() {

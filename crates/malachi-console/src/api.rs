@@ -96,7 +96,7 @@ pub(crate) async fn overview(
         "groups": groups,
         "topics": topics,
         "topics_total": names.len(),
-        "ready": broker.readiness().err(),
+        "ready": broker.observer().readiness().err(),
     }))
     .into_response()
 }
@@ -127,8 +127,8 @@ pub(crate) async fn topic(
         Ok(info) => info,
         Err(error) => return log_error(&error),
     };
-    let segments = broker.describe_segments(&name).await.unwrap_or_default();
-    let lags = broker.topic_group_lags(&name).await.unwrap_or_default();
+    let segments = broker.observer().describe_segments(&name).await.unwrap_or_default();
+    let lags = broker.observer().topic_group_lags(&name).await.unwrap_or_default();
     let ranges: Vec<Value> = info.ranges.iter().map(|range| range_json(range, &segments)).collect();
     Json(json!({
         "name": info.name,
@@ -226,7 +226,7 @@ pub(crate) async fn groups(
     let broker = &state.broker;
     let mut groups = Vec::new();
     for name in broker.list_topics().iter().take(TOPICS_DESCRIBED_MAX) {
-        if let Ok(lags) = broker.topic_group_lags(name).await {
+        if let Ok(lags) = broker.observer().topic_group_lags(name).await {
             groups.extend(lags.iter().map(|lag| {
                 json!({
                     "topic": lag.topic,

@@ -150,7 +150,7 @@ async fn health() -> Response {
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
     let plain = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
-    match state.broker.readiness() {
+    match state.broker.observer().readiness() {
         Ok(()) => (plain, "ready\n".to_string()).into_response(),
         Err(reason) => {
             (StatusCode::SERVICE_UNAVAILABLE, plain, format!("{reason}\n")).into_response()
@@ -159,7 +159,7 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let text = state.broker.render_metrics().await;
+    let text = state.broker.observer().render_metrics().await;
     ([(header::CONTENT_TYPE, malachi_broker::metrics::CONTENT_TYPE)], text).into_response()
 }
 

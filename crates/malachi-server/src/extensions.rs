@@ -172,7 +172,7 @@ async fn describe_segments(
     topic: Option<String>,
 ) -> Result<Response, String> {
     let topic = describable(connection, topic)?;
-    let described = connection.broker.describe_segments(&topic).await;
+    let described = connection.broker.observer().describe_segments(&topic).await;
     let described = described.map_err(|error| error.reason())?;
     // The envelope, the topic and the list's count come before the segments.
     let mut answer = DescribeSegmentsResponse { topic: text_bytes(&topic), segments: Vec::new() };
@@ -196,8 +196,8 @@ async fn group_lag(
     }
     let broker = &connection.broker;
     let lags = match group {
-        Some(group) => broker.group_lag(&topic, &group).await.map(|lag| vec![lag]),
-        None => broker.topic_group_lags(&topic).await,
+        Some(group) => broker.observer().group_lag(&topic, &group).await.map(|lag| vec![lag]),
+        None => broker.observer().topic_group_lags(&topic).await,
     };
     let lags = lags.map_err(|error| error.reason())?;
     let mut answer = GroupLagResponse { topic: text_bytes(&topic), groups: Vec::new() };

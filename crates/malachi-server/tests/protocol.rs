@@ -249,7 +249,7 @@ async fn describe_segments_is_cut_to_the_frame() {
         admin.call(produce("many", &["r"])).await.unwrap();
         server.broker.roll(topic_id, 0).await.unwrap();
     }
-    let all = server.broker.describe_segments("many").await.unwrap();
+    let all = server.broker.observer().describe_segments("many").await.unwrap();
     assert_eq!(all.len(), 21);
     // 1024 bytes less the envelope (6), the topic (9) and the count (4) hold 17 segments of
     // one copy (58 bytes each).

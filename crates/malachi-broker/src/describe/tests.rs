@@ -98,16 +98,16 @@ async fn a_broker_alone_reports_its_copies_and_opens_no_head() {
     broker.produce("orders", records(3), &mut Spread::default()).await.expect("produced");
     let state = |durable_offset, sealed| Some(CopyState { durable_offset, sealed });
 
-    let described = broker.describe_segments("orders").await.expect("described");
+    let described = broker.observer().describe_segments("orders").await.expect("described");
     assert_eq!(rows(&described), [(0, Some(5), state(5, true)), (5, None, state(3, false))]);
     let head = SegmentKey { topic_id, range_id: 0, segment_id: described[1].segment_id };
-    let missing = broker.describe_segments("missing").await.expect_err("no such topic");
+    let missing = broker.observer().describe_segments("missing").await.expect_err("no such topic");
     assert_eq!(missing.reason(), "no_such_topic");
     broker.shutdown().await;
     drop(broker);
 
     let broker = testing::open(config()).await;
-    let described = broker.describe_segments("orders").await.expect("described");
+    let described = broker.observer().describe_segments("orders").await.expect("described");
     assert_eq!(rows(&described), [(0, Some(5), state(5, true)), (5, None, None)]);
     assert!(broker.data.peek(head).is_none(), "describing opened no head");
     broker.shutdown().await;
@@ -117,7 +117,7 @@ async fn a_broker_alone_reports_its_copies_and_opens_no_head() {
     let (head_file, _) = malachi_log::segment_paths(&range_dir, head.segment_id);
     std::fs::remove_file(&head_file).expect("the head's file");
     let broker = testing::open(config()).await;
-    let described = broker.describe_segments("orders").await.expect("described");
+    let described = broker.observer().describe_segments("orders").await.expect("described");
     assert_eq!(rows(&described), [(0, Some(5), state(5, true)), (5, None, None)]);
     assert!(!head_file.exists(), "describing created no file");
     assert_eq!(segment_files(&range_dir), 1);

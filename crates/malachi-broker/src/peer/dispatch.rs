@@ -95,6 +95,6 @@ async fn answer_data(
         DataCall::Settle { seal, sources } => {
             return broker.healer.answer_settle(key, seal, sources).await;
         }
-        DataCall::CopyState => broker.answer_copy_state(key).await,
+        DataCall::CopyState => broker.observer.answer_copy_state(key).await,
     })
 }
