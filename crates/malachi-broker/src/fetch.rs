@@ -198,7 +198,7 @@ impl Broker {
     /// The frontier a fetch starts from, by the precedence of wire-protocol.md section 3.3.
     fn start_frontier(&self, topic: &Topic, args: &FetchArgs<'_>) -> Result<Frontier, LogError> {
         if let (Some(group), Some(member)) = (args.group, args.member) {
-            return Ok(self.member_frontier(topic, group, member));
+            return Ok(self.groups.member_frontier(topic, group, member));
         }
         // A cursor that is present is decoded, even when empty: the original answers an empty
         // cursor `invalid_cursor`, and only an absent one means "from the start".
@@ -206,7 +206,7 @@ impl Broker {
             return self.decode_cursor(topic, text);
         }
         if let Some(group) = args.group {
-            return Ok(self.group_frontier(topic, group));
+            return Ok(self.groups.group_frontier(topic, group));
         }
         Ok(frontier::initial(topic))
     }

@@ -12,7 +12,8 @@ use malachi_meta::{CommitPositions, GroupPosition, MetaCommand, Position, Topic}
 use crate::cursor::RangePosition;
 use crate::error::LogError;
 use crate::frontier::{self, Frontier};
-use crate::node::Broker;
+use crate::node::Core;
+use std::sync::{Arc, Mutex};
 
 /// A member that has not fetched or acked for this long leaves its group (the original's 30 s).
 pub const SESSION_TIMEOUT_MS: u64 = 30_000;
@@ -70,7 +71,32 @@ pub fn assigned(frontier: &Frontier, members: &[String], member: &str) -> Fronti
         .collect()
 }
 
-impl Broker {
+/// The consumer groups service: commits and reads of a group's positions, and the soft
+/// membership of its members with their share of the ranges.
+pub struct Groups {
+    core: Arc<Core>,
+    /// Live members of every group on this broker.
+    members: Mutex<Members>,
+}
+
+impl std::ops::Deref for Groups {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Groups {
+    pub(crate) fn new(core: Arc<Core>) -> Groups {
+        Groups { core, members: Mutex::default() }
+    }
+
+    /// Drops the members whose session timed out by `now_ms`.
+    pub(crate) fn prune(&self, now_ms: u64) {
+        self.members.lock().expect("members lock poisoned").prune(now_ms);
+    }
+
     /// The group's committed frontier (the start for a group that never committed).
     pub(crate) fn group_frontier(&self, topic: &Topic, group: &str) -> Frontier {
         let committed: Frontier = self.read_meta(topic.topic_id, |meta| {
@@ -109,9 +135,9 @@ impl Broker {
         cursor: Option<&[u8]>,
     ) -> Result<(), LogError> {
         let Some(text) = cursor else { return Ok(()) };
-        self.see_topic(topic).await?;
+        self.broker().see_topic(topic).await?;
         let topic = self.topic_named(topic).ok_or(LogError::NoSuchTopic)?;
-        let positions = self.decode_cursor(&topic, text)?;
+        let positions = self.broker().decode_cursor(&topic, text)?;
         let positions = self.read_meta(topic.topic_id, |meta| {
             positions
                 .iter()
@@ -149,12 +175,12 @@ impl Broker {
     pub fn group_cursor(&self, topic: &str, group: &str) -> Result<String, LogError> {
         let topic = self.topic_named(topic).ok_or(LogError::NoSuchTopic)?;
         let positions = self.group_frontier(&topic, group);
-        self.mint_cursor(&crate::cursor::Cursor { topic_id: topic.topic_id, positions })
+        self.broker().mint_cursor(&crate::cursor::Cursor { topic_id: topic.topic_id, positions })
     }
 
     /// Keeps a subscribed member alive between fetches.
     pub fn heartbeat_member(&self, topic: &str, group: &str, member: &str) {
-        if let Ok(topic_id) = self.topic_id(topic) {
+        if let Ok(topic_id) = self.broker().topic_id(topic) {
             let now_ms = self.clock.now_ms();
             self.members
                 .lock()
@@ -165,7 +191,7 @@ impl Broker {
 
     /// Removes a member at once, so the others take over its ranges on their next fetch.
     pub fn leave_group(&self, topic: &str, group: &str, member: &str) {
-        if let Ok(topic_id) = self.topic_id(topic) {
+        if let Ok(topic_id) = self.broker().topic_id(topic) {
             self.members.lock().expect("members lock poisoned").leave(topic_id, group, member);
         }
     }

@@ -30,7 +30,7 @@ impl Broker {
                 broker.coordination.coordinate_once().await;
                 broker.healer.scrub_once().await;
                 let now_ms = broker.clock.now_ms();
-                broker.members.lock().expect("members lock poisoned").prune(now_ms);
+                broker.groups.prune(now_ms);
                 // Dropped copies are deleted on the next tick, not the next retention pass: a
                 // broker back from a long absence learns of them only once it has caught up.
                 let due = now_ms >= last_reclaim_ms + broker.config.retention_interval_ms;

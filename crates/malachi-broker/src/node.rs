@@ -16,7 +16,6 @@ use crate::coordinator::{Coordinator, CoordinatorConfig};
 use crate::cursor::CursorKey;
 use crate::data::{DataPlane, IoMode};
 use crate::error::LogError;
-use crate::groups::Members;
 use crate::machines::{AdminMachine, RootMachine};
 use crate::notify::{Clock, Notifier};
 use crate::vnodes::{Ring, RingOpen};
@@ -141,6 +140,8 @@ pub struct Broker {
     pub(crate) coordination: crate::coordinate::Coordination,
     /// Settling, rebuilding, moving and growing copies of sealed segments.
     pub(crate) healer: crate::heal::Healer,
+    /// Consumer groups: positions and members.
+    pub(crate) groups: crate::groups::Groups,
     /// What operators see: metrics, readiness, copies, consumer lag.
     pub(crate) observer: crate::scrape::Observer,
 }
@@ -170,7 +171,6 @@ pub struct Core {
     pub(crate) cluster: Option<(malachi_transport::Transport, String)>,
     /// The cluster CA and token files, for enrolling brokers; `None` when insecure or alone.
     pub(crate) cluster_files: Option<malachi_transport::pki::ClusterFiles>,
-    pub(crate) members: Mutex<Members>,
     /// Every broker's membership status, as the SWIM driver (`gossip.rs`) last published it.
     pub(crate) statuses: Mutex<crate::gossip::MemberStatuses>,
     /// The broker that owns this core, for background tasks and for one service to reach
@@ -334,11 +334,11 @@ impl Broker {
             write_admin_credentials: deps.write_admin_credentials,
             cluster_files: deps.cluster.as_ref().and_then(|cluster| cluster.cluster_files.clone()),
             cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
-            members: Mutex::new(Members::default()),
             statuses: Mutex::new(Default::default()),
             });
             Broker {
             observer: crate::scrape::Observer::new(Arc::clone(&core)),
+            groups: crate::groups::Groups::new(Arc::clone(&core)),
             seats: crate::seats::Seats::new(Arc::clone(&core)),
             replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
             healer: crate::heal::Healer::new(Arc::clone(&core)),
@@ -575,6 +575,11 @@ impl Broker {
         command: AdminCommand,
     ) -> Result<malachi_meta::AdminResponse, LogError> {
         self.admin.propose(command).await?.map_err(LogError::Admin)
+    }
+
+    /// The consumer groups service.
+    pub fn groups(&self) -> &crate::groups::Groups {
+        &self.groups
     }
 
     /// The observing service: metrics, readiness, copies, consumer lag.

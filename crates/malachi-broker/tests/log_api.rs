@@ -140,14 +140,14 @@ async fn groups_commit_and_resume() {
     assert_eq!(per_range.len(), 2);
     let expected: u64 = per_range.iter().map(|&records| records.min(3)).sum();
     assert_eq!(first.records.len() as u64, expected, "max applies per range: {per_range:?}");
-    broker.commit("jobs", "workers", Some(first.next_cursor.as_bytes())).await.unwrap();
+    broker.groups().commit("jobs", "workers", Some(first.next_cursor.as_bytes())).await.unwrap();
     let rest = broker
         .fetch(&FetchArgs { topic: "jobs", group: Some("workers"), max: 100, ..Default::default() })
         .await
         .unwrap();
     assert_eq!(rest.records.len() as u64, 10 - expected, "the group resumes after its commit");
     let forged =
-        broker.commit("jobs", "workers", Some(b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")).await;
+        broker.groups().commit("jobs", "workers", Some(b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")).await;
     assert_eq!(forged.unwrap_err().reason(), "invalid_cursor");
 }
 

@@ -38,7 +38,7 @@ pub(crate) async fn dispatch(connection: &mut Connection, corr: u32, request: Re
                 return Connection::refuse(corr, Reason::PermissionDenied.as_str());
             }
             if let (Some(topic), Some(group), Some(member)) = (topic, group, member) {
-                connection.broker.leave_group(&topic, &group, &member);
+                connection.broker.groups().leave_group(&topic, &group, &member);
             }
             Connection::reply(corr, Response::LeaveGroup(Empty))
         }
@@ -133,7 +133,7 @@ async fn commit(
     if !connection.permitted(Operation::Consume, &topic) {
         return Connection::refuse(corr, Reason::PermissionDenied.as_str());
     }
-    match connection.broker.commit(&topic, &group, request.cursor.as_deref()).await {
+    match connection.broker.groups().commit(&topic, &group, request.cursor.as_deref()).await {
         Ok(()) => Connection::reply(corr, Response::Commit(Empty)),
         Err(error) => Connection::refuse(corr, error.reason()),
     }

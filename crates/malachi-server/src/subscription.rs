@@ -113,7 +113,7 @@ impl Subscription {
             }
         }
         if let (Some(group), Some(member)) = (&self.group, &self.member) {
-            connection.broker.leave_group(&self.topic, group, member);
+            connection.broker.groups().leave_group(&self.topic, group, member);
         }
     }
 
@@ -208,11 +208,11 @@ impl Subscription {
     ) {
         let broker = &connection.broker;
         if let (Some(group), Some(cursor)) = (text(&ack.group), ack.cursor.as_deref()) {
-            let _ = broker.commit(&self.topic, &group, Some(cursor)).await;
+            let _ = broker.groups().commit(&self.topic, &group, Some(cursor)).await;
         }
         progress.in_flight -= ack.count.min(progress.in_flight);
         if let (Some(group), Some(member)) = (&self.group, &self.member) {
-            broker.heartbeat_member(&self.topic, group, member);
+            broker.groups().heartbeat_member(&self.topic, group, member);
             // With nothing else in flight, re-read the assignment from the committed position.
             let latest = progress.cursor.as_deref().map(str::as_bytes);
             if progress.in_flight == 0 && ack.cursor.as_deref() == latest {

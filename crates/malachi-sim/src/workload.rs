@@ -434,7 +434,7 @@ fn observe_group(ctx: &Ctx, process: u64, topic: &str, group: &str) {
     };
     let op_id = ctx.invoke(process, read(Vec::new()));
     let broker = ctx.broker.lock().expect("broker lock poisoned").clone();
-    match broker.map(|broker| broker.group_positions(topic, group)) {
+    match broker.map(|broker| broker.groups().group_positions(topic, group)) {
         Some(Ok(position)) => ctx.ok_with(op_id, read(position)),
         _ => ctx.info(op_id),
     }
