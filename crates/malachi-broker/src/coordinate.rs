@@ -98,7 +98,7 @@ impl Coordination {
             self.roll_heads_below_replication(vnode);
             self.broker().healer.heal_vnode(vnode, term).await;
             let now_ms = self.clock.now_ms();
-            let policies = self.broker().policy_definitions();
+            let policies = self.broker().admin_service.policy_definitions();
             let decisions = vnode.group.read(|meta| {
                 let mut coordinator = vnode.coordinator.lock().expect("coordinator lock poisoned");
                 coordinator.tick(&meta.0, &policies, now_ms)

@@ -396,7 +396,7 @@ impl Coordination {
     pub(crate) fn placement_constraints(&self, topic_id: Option<u64>) -> placement::Constraints {
         let mut constraints = self.config.cluster.placement.clone();
         let Some(topic_id) = topic_id else { return constraints };
-        let definitions = self.broker().policy_definitions();
+        let definitions = self.broker().admin_service.policy_definitions();
         let default = constraints.spread_by.clone();
         let spread_by = self.read_meta(topic_id, |meta| {
             let topic = meta.topic(topic_id)?;

@@ -1,6 +1,7 @@
 //! The log API on one node: topics, ranges, produce, fetch with cursors, consumer groups,
 //! split and merge, retention.
 
+pub mod admin;
 pub mod auth;
 pub mod clock;
 pub mod cluster;

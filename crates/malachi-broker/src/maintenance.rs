@@ -50,7 +50,7 @@ impl Broker {
     pub async fn run_retention(&self) -> Result<u64, LogError> {
         let now_ms = self.clock.now_ms();
         let defaults = retention_defaults(&self.config);
-        let policies = self.policy_definitions();
+        let policies = self.admin_service.policy_definitions();
         let (mut expired, mut failure) = (0, None);
         for vnode in self.ring.iter() {
             let (leader, term) = vnode.group.leader();

@@ -8,9 +8,10 @@ use malachi_meta::{
 };
 
 use crate::error::LogError;
-use crate::node::{Broker, retention_defaults};
+use crate::admin::Admin;
+use crate::node::retention_defaults;
 
-impl Broker {
+impl Admin {
     /// Defines or replaces policy `name` for the whole cluster.
     pub async fn define_policy(
         &self,
@@ -61,14 +62,14 @@ impl Broker {
                 return Err(policy_error(PolicyError::NoSuchPolicy));
             }
         }
-        self.see_topic(topic).await?;
+        self.broker().see_topic(topic).await?;
         let command = MetaCommand::BindTopicPolicy { topic: topic.into(), policy };
         self.propose_meta_named(topic, command).await.map(drop)
     }
 
     /// `get_topic_policy`: the binding, its resolution and every effective value.
     pub async fn topic_policy(&self, topic: &str) -> Result<TopicPolicyView, LogError> {
-        self.see_topic(topic).await?;
+        self.broker().see_topic(topic).await?;
         let definitions = self.policy_definitions();
         let spread_by = self.config.cluster.placement.spread_by.clone();
         let defaults = PolicyDefaults { retention: retention_defaults(&self.config), spread_by };

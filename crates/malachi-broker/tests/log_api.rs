@@ -327,9 +327,9 @@ async fn older_policy_definitions_move_to_the_administrative_group() {
     drop(broker);
 
     let broker = open(dir.path()).await;
-    let policies = broker.list_policies();
+    let policies = broker.admin().list_policies();
     assert_eq!(policies.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(), ["daily"]);
-    let view = broker.topic_policy("kept").await.unwrap();
+    let view = broker.admin().topic_policy("kept").await.unwrap();
     assert_eq!(view.resolution, PolicyResolution::Resolved);
     assert!(broker.read_meta_named("kept", |meta| meta.legacy_policies().is_empty()));
     broker.shutdown().await;

@@ -14,24 +14,24 @@ pub(crate) async fn handle(connection: &Connection, request: Request) -> Result<
         Request::DefinePolicy(request) => {
             let name = text(&request.name).unwrap_or_default();
             let fields = request.fields.iter().map(policy_field_from_wire).collect();
-            broker.define_policy(name, fields).await.map_err(reason)?;
+            broker.admin().define_policy(name, fields).await.map_err(reason)?;
             Ok(Response::DefinePolicy(Empty))
         }
         Request::DeletePolicy(request) => {
             let name = text(&request.name).unwrap_or_default();
-            broker.delete_policy(&name, request.force).await.map_err(reason)?;
+            broker.admin().delete_policy(&name, request.force).await.map_err(reason)?;
             Ok(Response::DeletePolicy(Empty))
         }
         Request::ListPolicies(_) => Ok(list_policies(connection)),
         Request::BindTopicPolicy(request) => {
             let topic = text(&request.topic).unwrap_or_default();
             let policy = text(&request.name);
-            broker.bind_topic_policy(&topic, policy).await.map_err(reason)?;
+            broker.admin().bind_topic_policy(&topic, policy).await.map_err(reason)?;
             Ok(Response::BindTopicPolicy(Empty))
         }
         Request::GetTopicPolicy(request) => {
             let topic = text(&request.topic).unwrap_or_default();
-            let view = broker.topic_policy(&topic).await.map_err(reason)?;
+            let view = broker.admin().topic_policy(&topic).await.map_err(reason)?;
             Ok(Response::GetTopicPolicy(topic_policy_to_wire(&view)))
         }
         _ => Err(Reason::UnknownApiKey.as_str().to_string()),
@@ -41,7 +41,7 @@ pub(crate) async fn handle(connection: &Connection, request: Request) -> Result<
 fn list_policies(connection: &Connection) -> Response {
     let policies = connection
         .broker
-        .list_policies()
+        .admin().list_policies()
         .into_iter()
         .map(|(name, definition)| NamedPolicy {
             name: text_bytes(&name),

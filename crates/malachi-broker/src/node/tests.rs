@@ -100,7 +100,7 @@ async fn new_passwords_are_held_to_the_minimum_before_hashing() {
     let broker = testing::open(testing::config(dir.path(), &[("MIN_PASSWORD_LEN", "16")])).await;
     let cases = [("fifteen-chars!!", false), ("sixteen-chars!!!", true)];
     for (password, accepted) in cases {
-        let hashed = broker.hash_new_password(password.to_string()).await;
+        let hashed = broker.admin().hash_new_password(password.to_string()).await;
         assert_eq!(hashed.is_ok(), accepted, "{password}");
         if let Ok(hash) = hashed {
             assert!(crate::auth::verify_password(Some(&hash), password));
@@ -133,7 +133,7 @@ async fn deleted_seeded_accounts_stay_deleted_across_restarts() {
     assert!(seeded.is_empty() && exists(&broker, "admin"));
     let by_hand = malachi_meta::AdminCommand::CreateUser {
         username: "app".into(),
-        password_hash: broker.hash_new_password("made-by-hand-pass".into()).await.unwrap(),
+        password_hash: broker.admin().hash_new_password("made-by-hand-pass".into()).await.unwrap(),
         permissions: vec!["consume".into()],
         role: None,
     };
