@@ -52,8 +52,11 @@ impl Core {
     /// of fewer brokers that take new work.
     pub fn replicas_wanted(&self) -> usize {
         let view = self.cluster_view();
-        let members =
-            view.brokers.iter().filter(|broker| self.broker().seats.takes_new_work(broker.record.node_id)).count();
+        let members = view
+            .brokers
+            .iter()
+            .filter(|broker| self.broker().seats.takes_new_work(broker.record.node_id))
+            .count();
         self.config.cluster.replication_factor.min(members.max(1))
     }
 
@@ -387,11 +390,7 @@ pub struct GroupView {
 /// Whether `sender` may speak in `group`: a voter or learner of it, or a registered broker (a
 /// group this broker has not caught up on may have added members it does not know yet; one
 /// with no membership yet is this broker's own, joining).
-fn admits<M: StateMachine>(
-    broker: &Core,
-    group: &RaftGroup<M>,
-    sender: u64,
-) -> Result<(), String> {
+fn admits<M: StateMachine>(broker: &Core, group: &RaftGroup<M>, sender: u64) -> Result<(), String> {
     if group.may_hear_from(sender) || broker.admin.read(|admin| admin.0.broker(sender).is_some()) {
         return Ok(());
     }

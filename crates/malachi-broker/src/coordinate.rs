@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::coordinator::{Action, Decision};
 use crate::data::SegmentKey;
 use crate::error::LogError;
-use crate::load::Rate;
 use crate::load::LoadTracker;
+use crate::load::Rate;
 use crate::node::Core;
 use crate::peer::{Ask, PeerCall};
 use crate::vnodes::Vnode;
@@ -248,7 +248,11 @@ impl Coordination {
                 let vnode = broker.ring.of_id(topic_id).expect("the ring is fixed");
                 let coordination = &broker.coordination;
                 coordination.carry_out(vnode, decision).await;
-                coordination.rolling.lock().expect("rolling lock poisoned").remove(&(topic_id, range_id));
+                coordination
+                    .rolling
+                    .lock()
+                    .expect("rolling lock poisoned")
+                    .remove(&(topic_id, range_id));
             });
             return;
         }
@@ -263,7 +267,9 @@ impl Coordination {
         }
         tokio::spawn(async move {
             let vnode = broker.ring.of_id(topic_id).expect("the ring is fixed");
-            if let Err(error) = broker.coordination.ask_leader(vnode, &Ask::Roll { topic_id, range_id }).await {
+            if let Err(error) =
+                broker.coordination.ask_leader(vnode, &Ask::Roll { topic_id, range_id }).await
+            {
                 tracing::debug!(topic_id, range_id, %error, "asking the leader for a roll failed");
             }
         });

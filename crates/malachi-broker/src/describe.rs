@@ -26,8 +26,8 @@ use malachi_meta::{MetaState, Segment};
 use crate::data::{DataError, Listed, SegmentKey};
 use crate::error::LogError;
 use crate::gossip::PeerStatus;
-use crate::scrape::Observer;
 use crate::peer::{self, DataCall, Reader, Remote};
+use crate::scrape::Observer;
 
 /// Segments one description lists at most: the first ones, in range then segment order.
 pub const DESCRIBED_SEGMENTS_MAX: usize = 10_000;

@@ -20,10 +20,10 @@ use malachi_meta::{
     SegmentRef, SplitRange,
 };
 
+use crate::coordinate::Coordination;
 use crate::data::SegmentKey;
 use crate::error::LogError;
 use crate::gossip::PeerStatus;
-use crate::coordinate::Coordination;
 use crate::peer::Remote;
 use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
 use crate::topics::map_meta_error;
@@ -220,7 +220,8 @@ impl Coordination {
     /// it; a replicated one by its primary, or by failover when the primary cannot (dead,
     /// out of reach, or failing), never by promoting another copy (`failover.rs`).
     pub(crate) async fn seal_anywhere(&self, key: SegmentKey) -> Result<SealReport, LogError> {
-        let replicated = self.broker().replicator.replicas(key).is_some_and(|replicas| replicas.len() > 1);
+        let replicated =
+            self.broker().replicator.replicas(key).is_some_and(|replicas| replicas.len() > 1);
         let Some(primary) = self.holder_elsewhere(key) else {
             return self.seal_held(key).await;
         };
@@ -242,7 +243,9 @@ impl Coordination {
     /// Seals `key` on this broker, which holds its one copy or is its primary.
     pub(crate) async fn seal_held(&self, key: SegmentKey) -> Result<SealReport, LogError> {
         match self.broker().replicator.replicas(key) {
-            Some(replicas) if replicas.len() > 1 => self.broker().replicator.seal_as_primary(key).await,
+            Some(replicas) if replicas.len() > 1 => {
+                self.broker().replicator.seal_as_primary(key).await
+            }
             _ => self.seal_here(key).await,
         }
     }

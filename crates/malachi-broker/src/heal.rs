@@ -31,10 +31,10 @@ use malachi_reason::Reason;
 
 use crate::data::{Listed, SegmentKey};
 use crate::error::LogError;
-use crate::replica::Write;
 use crate::gossip::PeerStatus;
 use crate::node::Core;
 use crate::peer::{self, DataCall, Reader, Remote};
+use crate::replica::Write;
 use crate::vnodes::Vnode;
 
 /// Sealed segments the healer looks at per vnode and tick.
@@ -413,7 +413,9 @@ impl Healer {
         let opened = self.data.open(key, || Some(Listed::ActiveUnborn)).await?;
         let segment = opened.segment;
         for batch in records {
-            if let Err(error) = self.broker().replicator.write_durably(&segment, batch, Write::Append).await {
+            if let Err(error) =
+                self.broker().replicator.write_durably(&segment, batch, Write::Append).await
+            {
                 return Err(self.abandon(key, &error.to_string()).await);
             }
         }

@@ -72,7 +72,8 @@ impl Observer {
 
     fn lag_on(&self, info: &TopicInfo, group: &str) -> GroupLag {
         let topic = self.topic_named(&info.name);
-        let frontier = topic.as_ref().map(|topic| self.broker().groups.group_frontier(topic, group));
+        let frontier =
+            topic.as_ref().map(|topic| self.broker().groups.group_frontier(topic, group));
         let updated_ms = self.read_meta(info.topic_id, |meta| {
             meta.group(info.topic_id, group).map_or(0, |state| state.updated_ms)
         });

@@ -332,36 +332,39 @@ impl Broker {
         );
         let broker = Arc::new_cyclic(|me| {
             let core = Arc::new(Core {
-            me: me.clone(),
-            metrics,
-            config: deps.config,
-            node_id: deps.node_id,
-            ring,
-            root,
-            admin,
-            data,
-            cursors,
-            notifier: Notifier::default(),
-            clock: deps.clock,
-            entropy: deps.entropy,
-            canaries: deps.canaries,
-            cluster_files: deps.cluster.as_ref().and_then(|cluster| cluster.cluster_files.clone()),
-            cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
-            statuses: Mutex::new(Default::default()),
+                me: me.clone(),
+                metrics,
+                config: deps.config,
+                node_id: deps.node_id,
+                ring,
+                root,
+                admin,
+                data,
+                cursors,
+                notifier: Notifier::default(),
+                clock: deps.clock,
+                entropy: deps.entropy,
+                canaries: deps.canaries,
+                cluster_files: deps
+                    .cluster
+                    .as_ref()
+                    .and_then(|cluster| cluster.cluster_files.clone()),
+                cluster: deps.cluster.map(|cluster| (cluster.transport, cluster.cluster_id)),
+                statuses: Mutex::new(Default::default()),
             });
             Broker {
-            observer: crate::scrape::Observer::new(Arc::clone(&core)),
-            groups: crate::groups::Groups::new(Arc::clone(&core)),
-            admin_service: crate::admin::Admin::new(
-                Arc::clone(&core),
-                deps.password_cost,
-                deps.write_admin_credentials,
-            ),
-            seats: crate::seats::Seats::new(Arc::clone(&core)),
-            replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
-            healer: crate::heal::Healer::new(Arc::clone(&core)),
-            coordination: crate::coordinate::Coordination::new(Arc::clone(&core)),
-            core,
+                observer: crate::scrape::Observer::new(Arc::clone(&core)),
+                groups: crate::groups::Groups::new(Arc::clone(&core)),
+                admin_service: crate::admin::Admin::new(
+                    Arc::clone(&core),
+                    deps.password_cost,
+                    deps.write_admin_credentials,
+                ),
+                seats: crate::seats::Seats::new(Arc::clone(&core)),
+                replicator: Arc::new(crate::replica::Replicator::new(Arc::clone(&core))),
+                healer: crate::heal::Healer::new(Arc::clone(&core)),
+                coordination: crate::coordinate::Coordination::new(Arc::clone(&core)),
+                core,
             }
         });
         Ok(broker)

@@ -7,8 +7,8 @@ use malachi_meta::{
     PolicyError, PolicyField, TopicPolicyView,
 };
 
-use crate::error::LogError;
 use crate::admin::Admin;
+use crate::error::LogError;
 use crate::node::retention_defaults;
 
 impl Admin {

@@ -205,7 +205,8 @@ impl Broker {
         let replicated = join_all(replicated.into_iter().map(|(batch, segment)| async move {
             let owned: Vec<Record> = batch.indexes.iter().map(|&at| records[at].clone()).collect();
             let bytes = owned.iter().map(Record::user_bytes).sum::<u64>();
-            let outcome = self.replicator.append_replicated(batch.key, Arc::clone(&segment), owned).await;
+            let outcome =
+                self.replicator.append_replicated(batch.key, Arc::clone(&segment), owned).await;
             (batch, bytes, segment, outcome)
         }));
         let (plain, replicated) = tokio::join!(self.append_plain(plain, records), replicated);

@@ -307,7 +307,11 @@ impl std::ops::Deref for Replicator {
 
 impl Replicator {
     pub(crate) fn new(core: Arc<Core>) -> Replicator {
-        Replicator { core, replication: Replication::default(), unreachable_until_ms: Mutex::default() }
+        Replicator {
+            core,
+            replication: Replication::default(),
+            unreachable_until_ms: Mutex::default(),
+        }
     }
 
     /// This service, for a task of its own to hold; `None` once the broker is stopping.

@@ -7,8 +7,8 @@ use malachi_meta::{
 
 use crate::data::SegmentKey;
 use crate::error::LogError;
-use crate::peer::Ask;
 use crate::node::Broker;
+use crate::peer::Ask;
 use crate::segments::SEGMENT_IDS_PER_COMMAND_MAX;
 
 /// A topic as `describe` shows it.

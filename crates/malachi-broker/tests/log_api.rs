@@ -146,8 +146,10 @@ async fn groups_commit_and_resume() {
         .await
         .unwrap();
     assert_eq!(rest.records.len() as u64, 10 - expected, "the group resumes after its commit");
-    let forged =
-        broker.groups().commit("jobs", "workers", Some(b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")).await;
+    let forged = broker
+        .groups()
+        .commit("jobs", "workers", Some(b"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"))
+        .await;
     assert_eq!(forged.unwrap_err().reason(), "invalid_cursor");
 }
 

@@ -267,7 +267,8 @@ async fn change_password(
 async fn new_password_hash(connection: &Connection, password: String) -> Result<String, String> {
     connection
         .broker
-        .admin().hash_new_password(password)
+        .admin()
+        .hash_new_password(password)
         .await
         .map_err(|error| error.reason().as_str().to_owned())
 }

@@ -41,7 +41,8 @@ pub(crate) async fn handle(connection: &Connection, request: Request) -> Result<
 fn list_policies(connection: &Connection) -> Response {
     let policies = connection
         .broker
-        .admin().list_policies()
+        .admin()
+        .list_policies()
         .into_iter()
         .map(|(name, definition)| NamedPolicy {
             name: text_bytes(&name),

@@ -231,7 +231,12 @@ async fn group_lag_counts_what_each_group_has_left() {
         assert_eq!(lags(&answer), expected, "{group:?}");
     }
     let page = server.broker.fetch(&read(100)).await.unwrap();
-    server.broker.groups().commit("orders", "billing", Some(page.next_cursor.as_bytes())).await.unwrap();
+    server
+        .broker
+        .groups()
+        .commit("orders", "billing", Some(page.next_cursor.as_bytes()))
+        .await
+        .unwrap();
     let answer = consumer.call(group_lag("orders", Some("billing"))).await.unwrap();
     assert_eq!(lags(&answer), vec![("billing".to_string(), 0)], "caught up");
     let absent = admin.call(group_lag("absent", None)).await.unwrap();

@@ -58,7 +58,9 @@ async fn dispatch(broker: &Broker, sender: u64, call: PeerCall) -> Result<Vec<u8
         // A broker registers itself only.
         PeerCall::Join(record) => broker.answer_join(sender, record).await,
         PeerCall::AddMember(add) => broker.add_to_group(add).await.map(|()| Vec::new()),
-        PeerCall::Coordinate { group_id, ask } => broker.coordination.answer_coordination(group_id, ask).await,
+        PeerCall::Coordinate { group_id, ask } => {
+            broker.coordination.answer_coordination(group_id, ask).await
+        }
         PeerCall::Enroll(_) => Err("a member holds its certificate and enrolls no more".into()),
         PeerCall::Data { key, call } => answer_data(broker, sender, key, call).await,
     }
@@ -86,7 +88,9 @@ async fn answer_data(
         }
         DataCall::Fence => broker.replicator.answer_fence(key).await,
         // Only from a copy metadata records.
-        DataCall::Fill { source, end } => return broker.replicator.answer_fill(key, source, end).await,
+        DataCall::Fill { source, end } => {
+            return broker.replicator.answer_fill(key, source, end).await;
+        }
         DataCall::SealAt { end } => broker.replicator.answer_seal_at(key, end).await,
         DataCall::ReadRaw { from, wanted, bytes_max: _ } => {
             broker.replicator.answer_read_raw(key, from, wanted).await

@@ -38,9 +38,9 @@ use malachi_cluster::replication::quorum;
 use malachi_log::Record;
 use malachi_meta::SealReport;
 
+use super::Replicator;
 use crate::data::SegmentKey;
 use crate::error::LogError;
-use super::Replicator;
 use crate::peer::{self, DataCall, Reader, Remote, answer_of};
 
 /// How long a replica may take to say where its copy ends, or to fence it.
