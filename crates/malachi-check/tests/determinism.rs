@@ -65,6 +65,13 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-broker/src/cluster.rs", false),
     ("crates/malachi-broker/src/remote.rs", false),
     ("crates/malachi-broker/src/peer", false),
+    // The services' drivers (`node.rs` is the composition root that wires them).
+    ("crates/malachi-broker/src/node.rs", false),
+    ("crates/malachi-broker/src/replica.rs", false),
+    ("crates/malachi-broker/src/replica", false),
+    ("crates/malachi-broker/src/heal.rs", false),
+    ("crates/malachi-broker/src/admin.rs", false),
+    ("crates/malachi-broker/src/scrape.rs", false),
     ("crates/malachi-sim/src/cluster.rs", false),
     // The client port: every request handler, the connection phases, the limits.
     ("crates/malachi-server/src", false),
@@ -82,6 +89,8 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-cluster/src/lib.rs", true),
     ("crates/malachi-cluster/src/replication.rs", true),
     ("crates/malachi-cluster/src/replication", true),
+    ("crates/malachi-cluster/src/failover.rs", true),
+    ("crates/malachi-cluster/src/failover", true),
     ("crates/malachi-cluster/src/membership.rs", false),
     ("crates/malachi-cluster/src/membership", false),
     ("crates/malachi-cluster/src/peer.rs", false),

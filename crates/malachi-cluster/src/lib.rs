@@ -1,11 +1,13 @@
 //! Malachi's cluster layer: how brokers find each other and agree on who is alive.
 //!
 //! Membership ([`membership::Membership`], SWIM through foca), the gossiped broker identity
-//! with its datagram codec ([`peer`]), and the quorum replication of a segment from its
-//! primary's side ([`replication::Primary`]). Everything here is sans-IO: time, randomness
+//! with its datagram codec ([`peer`]), the quorum replication of a segment from its
+//! primary's side ([`replication::Primary`]), and the failover that seals a segment whose
+//! primary is gone ([`failover::Failover`]). Everything here is sans-IO: time, randomness
 //! and datagrams come from the caller, so one seed replays a whole cluster in the simulator.
 //! This crate must never read a clock, open a socket or draw OS randomness.
 
+pub mod failover;
 pub mod membership;
 pub mod peer;
 pub mod replication;

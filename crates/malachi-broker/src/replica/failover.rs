@@ -6,34 +6,23 @@
 //! followers' copies at E. Nothing of E is then short of a quorum.
 //!
 //! **Failover** (the primary is dead, cannot reach a quorum, restarted, or its seal failed)
-//! never promotes a follower (design.md, invariant 4). With `n` replicas and the
-//! acknowledgement quorum `q`, it needs `n - q + 1` of them: any acknowledged record is on `q`
-//! replicas, so some replica among any `n - q + 1` holds it, and the highest durable end among
-//! them covers every acknowledged record. In this order:
-//!
-//! 1. *measure*: ask every replica where its copy ends, read-only (a broker membership calls
-//!    dead is asked too: one that answers is alive). Fewer than `n - q + 1` answers: nothing
-//!    is touched and the range refuses writes until more answer (a fence cannot be undone, and
-//!    fencing copies of a segment that is then not sealed would shrink every later quorum).
-//! 2. *fence* the answering copies: each refuses its primary's appends from then on, also
-//!    after a restart (a durable marker), and reports its durable end. A primary still alive
-//!    finds no quorum: every follower it reaches refuses it.
-//! 3. the seal point L is the highest fenced end, or, when an earlier seal already sealed
-//!    some copies, the end they were sealed at (see [`seal_point`]); copies short of L are
-//!    *filled* from one at L (fills pass the fence), then every copy at L is *sealed* there,
-//!    and only then is L returned for metadata to record. Every sealed copy holds the same
-//!    records at the same offsets, encoded the same way, with the same trailer (each frame's
-//!    batch-start mark and its checksum aside: they mark the copy's own writes).
+//! never promotes a follower (design.md, invariant 4). Its decisions are the sans-IO machine
+//! [`malachi_cluster::failover::Failover`] (how many copies are enough, the seal point, which
+//! copies to fill and from where, which to seal); this is its driver, which probes, fences,
+//! fills and seals the copies on their brokers. Fences are durable markers: a fenced copy
+//! refuses its primary's appends, also after a restart, so a primary still alive finds no
+//! quorum. Fills pass the fence. Every sealed copy holds the same records at the same offsets,
+//! encoded the same way, with the same trailer (each frame's batch-start mark and its checksum
+//! aside: they mark the copy's own writes).
 //!
 //! A copy that could not be filled or sealed, or that did not answer, is left for healing to
 //! settle or replace.
 
-use malachi_log::canary;
 use malachi_reason::Reason;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
+use malachi_cluster::failover::{Failover, FailoverCanaries, TooFew};
 use malachi_cluster::replication::quorum;
 use malachi_log::Record;
 use malachi_meta::SealReport;
@@ -55,15 +44,7 @@ const FILL_TIMEOUT_MS: u64 = 60_000;
 const FILL_RECORDS_MAX: u32 = 4_096;
 const FILL_BYTES_MAX: u64 = 4 << 20;
 
-/// Where one replica's copy ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct CopyEnd {
-    pub(crate) node_id: u64,
-    pub(crate) end_offset: u64,
-    pub(crate) data_bytes: u64,
-    /// The copy is sealed (at `end_offset`).
-    pub(crate) sealed: bool,
-}
+pub(crate) use malachi_cluster::failover::CopyEnd;
 
 impl Replicator {
     /// Seals replicated segment `key` on this broker, its primary: by draining when this
@@ -141,60 +122,32 @@ impl Replicator {
     /// Seals replicated segment `key` by failover (the module's doc), from any broker.
     pub(crate) async fn seal_by_failover(&self, key: SegmentKey) -> Result<SealReport, LogError> {
         let replicas = self.replicas(key).ok_or(LogError::NoSuchTopic)?;
-        let needed = match canary(self.canaries.seal_without_enough_answers) {
-            true => 1,
-            false => replicas.len() - quorum(replicas.len()) + 1,
+        let canaries = FailoverCanaries {
+            seal_without_enough_answers: self.canaries.seal_without_enough_answers,
+            promote_follower: self.canaries.promote_follower,
         };
-        let enough = |what: &str, count: usize| {
-            if count >= needed {
-                Ok(())
-            } else {
-                Err(LogError::NoQuorum(format!(
-                    "{key:?}: {count} of {} replicas {what}, {needed} needed to seal it",
-                    replicas.len()
-                )))
+        let mut failover = Failover::new(replicas, self.node_id, canaries);
+        let too_few = |refusal: TooFew| LogError::NoQuorum(format!("{key:?}: {refusal}"));
+        let alive = self.probe_copies(key, failover.replicas()).await;
+        let to_fence = failover.probed(alive).map_err(too_few)?;
+        let fenced = self.fence_copies(key, &to_fence).await;
+        let fill = failover.fenced(fenced).map_err(too_few)?;
+        let fills = fill.copies.iter().map(|&node| async move {
+            let filled = self.fill_copy(node, key, fill.source, fill.end).await;
+            if let Err(error) = &filled {
+                tracing::warn!(?key, copy = node, %error, "filling a copy failed");
             }
-        };
-        let alive = self.probe_copies(key, &replicas).await;
-        enough("answer", alive.len())?;
-        let fenced = self.fence_copies(key, &alive).await;
-        enough("are fenced", fenced.len())?;
-        let seal_end = match canary(self.canaries.promote_follower) {
-            true => promoted_end(&fenced, replicas[0]),
-            false => seal_point(&fenced),
-        };
-        let source = fenced
-            .iter()
-            .filter(|copy| copy.end_offset == seal_end)
-            .map(|copy| copy.node_id)
-            .min_by_key(|&node| (node != self.node_id, node))
-            .expect("some copy ends at the highest end");
-        let fills = fenced.iter().filter(|copy| copy.end_offset < seal_end && !copy.sealed).map(
-            |copy| async move {
-                let filled = self.fill_copy(copy.node_id, key, source, seal_end).await;
-                if let Err(error) = &filled {
-                    tracing::warn!(?key, copy = copy.node_id, %error, "filling a copy failed");
-                }
-                filled.ok().filter(|&end| end == seal_end).map(|_| copy.node_id)
-            },
-        );
-        let mut at_end: Vec<u64> = join_all(fills).await.into_iter().flatten().collect();
-        at_end.extend(fenced.iter().filter(|copy| copy.end_offset == seal_end).map(|c| c.node_id));
-        let sealed = self.seal_copies_at(key, &at_end, seal_end).await;
-        // The promote canary's follower becomes the segment alone, as a promoting design's would.
-        let promoted = canary(self.canaries.promote_follower) && !sealed.is_empty();
-        if !promoted {
-            enough("are sealed at the highest end", sealed.len())?;
-        }
-        let data_bytes = sealed[0].data_bytes;
-        assert!(
-            sealed.iter().all(|copy| copy.data_bytes == data_bytes),
-            "copies sealed at one record count hold the same bytes: {sealed:?}"
-        );
-        tracing::info!(?key, seal_end, copies = ?sealed.iter().map(|c| c.node_id).collect::<Vec<_>>(),
+            filled.ok().map(|end| (node, end))
+        });
+        let filled = join_all(fills).await.into_iter().flatten().collect();
+        let seal_at = failover.filled(filled);
+        let answers = self.seal_copies_at(key, &seal_at.copies, seal_at.end).await;
+        let sealed = failover.sealed(answers).map_err(too_few)?;
+        tracing::info!(?key, seal_end = sealed.end_offset, copies = ?sealed.copies,
             "sealed by failover");
         self.replication.forget(key);
-        Ok(SealReport { segment_id: key.segment_id, end_offset: seal_end, data_bytes })
+        let (end_offset, data_bytes) = (sealed.end_offset, sealed.data_bytes);
+        Ok(SealReport { segment_id: key.segment_id, end_offset, data_bytes })
     }
 
     /// Asks every replica where its copy ends, read-only; the ones that answered.
@@ -257,7 +210,7 @@ impl Replicator {
         join_all(fences).await.into_iter().flatten().collect()
     }
 
-    /// Seals the copies on `nodes` at `end_offset`; those that are sealed there now.
+    /// Seals the copies on `nodes` at `end_offset`; where each that answered ends.
     async fn seal_copies_at(&self, key: SegmentKey, nodes: &[u64], end: u64) -> Vec<CopyEnd> {
         let seals = nodes.iter().map(|&node| async move {
             let sealed = if node == self.node_id {
@@ -273,7 +226,7 @@ impl Replicator {
                 Ok(copy) if copy.sealed && copy.end_offset == end => Some(copy),
                 Ok(copy) => {
                     tracing::warn!(?key, node, ?copy, end, "a copy did not seal at the end");
-                    None
+                    Some(copy)
                 }
                 Err(error) => {
                     tracing::warn!(?key, node, %error, end, "sealing a copy failed");
@@ -496,34 +449,6 @@ fn decode_copy_end(node_id: u64, answer: &[u8]) -> Result<CopyEnd, LogError> {
     }
 }
 
-/// Where a failover seals, given the fenced copies (at least one). Copies an earlier seal
-/// already sealed decide it when there are any: each was sealed at or past every acknowledged
-/// record (a primary drains at its staged end, a failover at the highest end of `n - q + 1`
-/// fenced copies), and a sealed copy can be neither filled nor cut, so a seal point elsewhere
-/// could never gather them (a failover whose seal metadata did not record, then a restarted
-/// primary with unacknowledged records past it, would leave the range unsealable). The end most
-/// sealed copies share wins, the higher on a tie. Without sealed copies: the highest fenced end,
-/// which covers every acknowledged record.
-fn seal_point(fenced: &[CopyEnd]) -> u64 {
-    let mut sealed_at: BTreeMap<u64, usize> = BTreeMap::new();
-    for copy in fenced.iter().filter(|copy| copy.sealed) {
-        *sealed_at.entry(copy.end_offset).or_default() += 1;
-    }
-    let agreed = sealed_at.into_iter().max_by_key(|&(end, copies)| (copies, end));
-    match agreed {
-        Some((end, _)) => end,
-        None => fenced.iter().map(|copy| copy.end_offset).max().expect("some copy answered"),
-    }
-}
-
-/// The promote-follower canary's end: the copy of the follower furthest behind, as an unlucky
-/// election would promote it (the primary's own copy when no follower answered).
-fn promoted_end(fenced: &[CopyEnd], primary: u64) -> u64 {
-    let followers = fenced.iter().filter(|copy| copy.node_id != primary);
-    let lowest = followers.map(|copy| copy.end_offset).min();
-    lowest.unwrap_or_else(|| fenced.iter().map(|copy| copy.end_offset).max().unwrap_or(0))
-}
-
 /// How [`Broker::write_durably`] writes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Write {
@@ -531,35 +456,4 @@ pub(crate) enum Write {
     Append,
     /// A fill, to a fenced copy.
     Fill,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn copy(node_id: u64, end_offset: u64, sealed: bool) -> CopyEnd {
-        CopyEnd { node_id, end_offset, data_bytes: end_offset * 10, sealed }
-    }
-
-    #[test]
-    fn the_seal_point_is_the_highest_end_unless_copies_are_sealed() {
-        // (case, each fenced copy's end and whether it is sealed, the seal point)
-        type Case = (&'static str, &'static [(u64, bool)], u64);
-        let cases: &[Case] = &[
-            ("one copy", &[(5, false)], 5),
-            ("highest fenced end", &[(5, false), (9, false), (7, false)], 9),
-            ("a sealed copy decides", &[(140, false), (132, true), (132, true)], 132),
-            ("sealed below a longer unsealed one", &[(132, true), (150, false)], 132),
-            ("most sealed copies", &[(10, true), (12, true), (10, true)], 10),
-            ("the higher on a tie", &[(10, true), (12, true), (11, false)], 12),
-        ];
-        for (name, ends, expected) in cases {
-            let fenced: Vec<CopyEnd> = ends
-                .iter()
-                .enumerate()
-                .map(|(at, &(end, sealed))| copy(at as u64 + 1, end, sealed))
-                .collect();
-            assert_eq!(seal_point(&fenced), *expected, "{name}");
-        }
-    }
 }
