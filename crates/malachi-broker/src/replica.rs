@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use malachi_cluster::follower::{self, Copy as FollowerCopy, Placement, Refusal};
 use malachi_cluster::replication::{Action, Primary, ReplicationConfig};
 use malachi_consensus::watch;
 use malachi_log::{AppendError, AppendTicket, Record, Segment};
@@ -157,17 +158,11 @@ impl HeadState {
     }
 }
 
-/// A follower's copy of an active segment: what its primary last said is quorum-durable.
-#[derive(Debug, Default)]
-struct Copy {
-    visible_end: u64,
-}
-
 /// This broker's replicated heads and follower copies.
 #[derive(Default)]
 pub(crate) struct Replication {
     heads: Mutex<BTreeMap<SegmentKey, Arc<Head>>>,
-    copies: Mutex<BTreeMap<SegmentKey, Copy>>,
+    copies: Mutex<BTreeMap<SegmentKey, FollowerCopy>>,
     /// Serialises the staging of one follower copy (check where it ends, then stage).
     copy_gates: Mutex<BTreeMap<SegmentKey, Arc<Mutex<()>>>>,
     /// Signalled by every batch staged in a follower copy: batches that arrived early wait on it.
@@ -246,32 +241,17 @@ impl Replication {
     }
 
     pub(crate) fn visible_end(&self, key: SegmentKey) -> u64 {
-        self.copies
-            .lock()
-            .expect("copies lock poisoned")
-            .get(&key)
-            .map_or(0, |copy| copy.visible_end)
+        let copies = self.copies.lock().expect("copies lock poisoned");
+        copies.get(&key).map_or(0, |copy| copy.visible_end())
     }
 
-    fn saw_acked(&self, key: SegmentKey, end: u64) {
+    fn saw_acked(&self, key: SegmentKey, acked_end: u64, durable: u64) {
         let mut copies = self.copies.lock().expect("copies lock poisoned");
-        let copy = copies.entry(key).or_default();
-        copy.visible_end = copy.visible_end.max(end);
+        copies.entry(key).or_default().acked(acked_end, durable);
     }
 }
 
-/// A segment's replicas as this broker sees them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
-    /// One copy, here: no replication.
-    Alone,
-    /// This broker is the primary; these are the followers.
-    Primary { followers: Vec<u64> },
-    /// This broker holds a follower copy.
-    Follower { primary: u64 },
-    /// The copies are all elsewhere, the primary first.
-    Outside { replicas: Vec<u64> },
-}
+pub(crate) use malachi_cluster::follower::Role;
 
 /// A span of a head's records to ship to a follower, in the follower's window `epoch`.
 #[derive(Clone, Copy, Debug)]
@@ -362,13 +342,7 @@ impl Replicator {
     pub(crate) fn role(&self, key: SegmentKey) -> Option<Role> {
         let node_id = self.node_id;
         self.read_meta(key.segment_id, |meta| {
-            let replicas = &meta.segment(key.segment_id)?.replicas;
-            Some(match replicas.iter().position(|&replica| replica == node_id) {
-                Some(_) if replicas.len() == 1 => Role::Alone,
-                Some(0) => Role::Primary { followers: replicas[1..].to_vec() },
-                Some(_) => Role::Follower { primary: replicas[0] },
-                None => Role::Outside { replicas: replicas.clone() },
-            })
+            Some(Role::of(&meta.segment(key.segment_id)?.replicas, node_id))
         })
     }
 
@@ -622,7 +596,7 @@ impl Replicator {
     ) -> Vec<u8> {
         let appended = self.append_copy(source, key, start, records).await;
         if let Ok(Shipped::Durable(durable)) = appended {
-            self.replication.saw_acked(key, acked_end.min(durable));
+            self.replication.saw_acked(key, acked_end, durable);
         }
         encode_shipped(appended)
     }
@@ -634,13 +608,13 @@ impl Replicator {
         start: u64,
         records: Vec<Record>,
     ) -> Result<Shipped, LogError> {
-        match self.role(key) {
-            Some(Role::Follower { primary }) if primary == source => {}
-            Some(Role::Primary { .. } | Role::Alone) => {
+        let role = self.role(key).ok_or(LogError::NoSuchTopic)?;
+        match follower::admit(&role, source) {
+            Ok(()) => {}
+            Err(Refusal::PrimaryHere) => {
                 return Err(LogError::NotOwner { holders: vec![self.node_id] });
             }
-            Some(_) => return Err(LogError::NotOwner { holders: Vec::new() }),
-            None => return Err(LogError::NoSuchTopic),
+            Err(Refusal::NotFromPrimary) => return Err(LogError::NotOwner { holders: Vec::new() }),
         }
         let segment = self.segment(key).await?;
         match self.stage_in_order(&segment, key, start, Arc::from(records)).await {
@@ -713,25 +687,19 @@ impl Replicator {
 }
 
 /// Stages `records` (shipped to start at `start`) in a follower's copy: the part it does not
-/// hold yet, if the batch starts at or before where the copy ends. `None`: a gap, the batches
-/// before it have not arrived.
+/// hold yet, where [`follower::place`] puts it. `None`: a gap, the batches before it have not
+/// arrived.
 fn stage_copy(
     segment: &Segment,
     start: u64,
     records: &[Record],
 ) -> Result<Option<AppendTicket>, AppendError> {
-    let staged_end = segment.staged_end();
-    let end = start + records.len() as u64;
-    if start > staged_end {
-        return Ok(None);
+    let end_offset = start + records.len() as u64;
+    match follower::place(segment.staged_end(), start, records.len()) {
+        Placement::Gap => Ok(None),
+        Placement::Held => Ok(Some(AppendTicket { first_offset: start, end_offset })),
+        Placement::Stage { skip } => segment.stage(&records[skip..]).map(Some),
     }
-    if end <= staged_end {
-        // Already here (shipped again after a refusal or a lost answer): the same records,
-        // since only the primary writes them.
-        return Ok(Some(AppendTicket { first_offset: start, end_offset: end }));
-    }
-    let skip = (staged_end - start) as usize;
-    segment.stage(&records[skip..]).map(Some)
 }
 
 /// Why a replicated append was not acknowledged.

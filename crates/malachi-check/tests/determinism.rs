@@ -84,13 +84,15 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-consensus/src/network.rs", false),
     ("crates/malachi-consensus/src/watch.rs", false),
     ("crates/malachi-consensus/src/backend.rs", false),
-    // Replication's primary is a pure machine; membership is sans-IO too, but it names socket
-    // address types (`std::net`).
+    // Replication's primary, its follower side and failover are pure machines; membership is
+    // sans-IO too, but it names socket address types (`std::net`).
     ("crates/malachi-cluster/src/lib.rs", true),
     ("crates/malachi-cluster/src/replication.rs", true),
     ("crates/malachi-cluster/src/replication", true),
     ("crates/malachi-cluster/src/failover.rs", true),
     ("crates/malachi-cluster/src/failover", true),
+    ("crates/malachi-cluster/src/follower.rs", true),
+    ("crates/malachi-cluster/src/follower", true),
     ("crates/malachi-cluster/src/membership.rs", false),
     ("crates/malachi-cluster/src/membership", false),
     ("crates/malachi-cluster/src/peer.rs", false),

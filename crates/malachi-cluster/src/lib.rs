@@ -2,12 +2,13 @@
 //!
 //! Membership ([`membership::Membership`], SWIM through foca), the gossiped broker identity
 //! with its datagram codec ([`peer`]), the quorum replication of a segment from its
-//! primary's side ([`replication::Primary`]), and the failover that seals a segment whose
+//! primary's side ([`replication::Primary`]) and its followers' ([`follower`]), and the failover that seals a segment whose
 //! primary is gone ([`failover::Failover`]). Everything here is sans-IO: time, randomness
 //! and datagrams come from the caller, so one seed replays a whole cluster in the simulator.
 //! This crate must never read a clock, open a socket or draw OS randomness.
 
 pub mod failover;
+pub mod follower;
 pub mod membership;
 pub mod peer;
 pub mod replication;
