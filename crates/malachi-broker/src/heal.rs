@@ -37,6 +37,9 @@ use crate::peer::{self, DataCall, Reader, Remote};
 use crate::replica::Write;
 use crate::vnodes::Vnode;
 
+mod plan;
+use plan::{Facts, Health, Step};
+
 /// Sealed segments the healer looks at per vnode and tick.
 const HEAL_SEGMENTS_PER_TICK: usize = 16;
 /// How long a settle may take (a rebuild copies a whole segment).
@@ -52,32 +55,10 @@ const REBUILD_BYTES_MAX: u64 = 1 << 30;
 struct Unsettled {
     key: SegmentKey,
     seal: SealInfo,
-    replicas: Vec<u64>,
-    settled_on: Vec<u64>,
-    /// Replicas on their way out: a move to another broker is under way.
-    moving_off: Vec<u64>,
+    /// Its replicas, their copies and moves, as healing's plan reads them.
+    facts: Facts,
     /// Brokers whose dropped copies are not reclaimed yet: no candidates for a new replica.
     dropped: Vec<u64>,
-    /// Fewer replicas stay than the segment should have (placed while brokers were down):
-    /// one is added once a settled copy exists and a broker can take it.
-    short: bool,
-}
-
-impl Unsettled {
-    /// The replicas that stay once the moves under way finish.
-    fn staying(&self) -> impl Iterator<Item = u64> + '_ {
-        self.replicas.iter().copied().filter(|node| !self.moving_off.contains(node))
-    }
-
-    /// Where `replica` may rebuild its copy from: the settled copies first, then the other
-    /// copies (a copy not settled, even unsealed, holds the records a seal covers when it is
-    /// long enough: one primary wrote every copy, and a rebuild is checked against the
-    /// recorded length and bytes). The copies not settled matter when every settled one is
-    /// damaged or gone: two replicas, one sealed and then damaged, the other never sealed.
-    fn sources_for(&self, replica: u64) -> Vec<u64> {
-        let unsettled = self.replicas.iter().filter(|node| !self.settled_on.contains(node));
-        self.settled_on.iter().chain(unsettled).copied().filter(|&node| node != replica).collect()
-    }
 }
 
 /// The healing service: settles the copies of sealed segments (each checked, or rebuilt from
@@ -133,22 +114,21 @@ impl Healer {
                 .filter_map(|&segment_id| {
                     let segment = meta.0.segment(segment_id)?;
                     let (end_offset, data_bytes) = segment.sealed_length()?;
-                    let whole = segment.replicas.iter().all(|r| segment.settled_on.contains(r));
-                    let staying = segment.staying_replicas();
-                    let lost = staying.iter().any(|&r| self.replica_lost(r));
-                    let short = staying.len() < wanted;
-                    ((segment.replicas.len() > 1 && (!whole || lost)) || short).then(|| Unsettled {
+                    let facts = Facts {
+                        replicas: segment.replicas.clone(),
+                        settled_on: segment.settled_on.clone(),
+                        moving_off: segment.moves.iter().map(|move_| move_.old).collect(),
+                        short: segment.staying_replicas().len() < wanted,
+                    };
+                    facts.needs_healing(|node| self.health(node)).then(|| Unsettled {
                         key: SegmentKey {
                             topic_id: segment.topic_id,
                             range_id: segment.range_id,
                             segment_id,
                         },
                         seal: SealInfo { end_offset, data_bytes },
-                        replicas: segment.replicas.clone(),
-                        settled_on: segment.settled_on.clone(),
-                        moving_off: segment.moves.iter().map(|move_| move_.old).collect(),
+                        facts,
                         dropped: segment.dropped.clone(),
-                        short,
                     })
                 })
                 .collect();
@@ -175,35 +155,41 @@ impl Healer {
         cursors.insert(vnode_id, segment_id);
     }
 
-    /// Whether `node`'s copies are lost to the cluster: it has been dead longer than
-    /// `MALACHI_REPLICA_REPLACE_AFTER_MS`, so its replicas move elsewhere.
-    fn replica_lost(&self, node: u64) -> bool {
-        self.member_status(node) == PeerStatus::Dead
-            && self.dead_for_ms(node) >= self.config.cluster.replica_replace_after_ms
+    /// `node`'s health for healing: lost once it has been dead longer than
+    /// `MALACHI_REPLICA_REPLACE_AFTER_MS`, when its replicas move elsewhere.
+    fn health(&self, node: u64) -> Health {
+        if self.member_status(node) != PeerStatus::Dead {
+            return Health::Alive;
+        }
+        match self.dead_for_ms(node) >= self.config.cluster.replica_replace_after_ms {
+            true => Health::Lost,
+            false => Health::Dead,
+        }
     }
 
-    /// Settles every unsettled replica of `segment`, and starts moving every replica (settled
-    /// or not) off a broker that is lost.
+    /// Carries out healing's plan for `segment` (`heal/plan.rs`): settles the copies it names
+    /// and records the settled ones, moves replicas off lost brokers, grows a short set.
     async fn heal_segment(&self, term: u64, segment: &Unsettled) {
         let key = segment.key;
         let mut settled = Vec::new();
-        let unsettled = |replica: &u64| !segment.settled_on.contains(replica);
-        let lost =
-            |replica: &u64| self.replica_lost(*replica) && !segment.moving_off.contains(replica);
-        for replica in segment.replicas.iter().copied().filter(|r| unsettled(r) || lost(r)) {
-            if self.member_status(replica) == PeerStatus::Dead {
-                if lost(&replica) {
-                    self.replace_replica(term, segment, replica).await;
+        let steps = plan::plan(&segment.facts, |node| self.health(node));
+        let mut grow = false;
+        for step in steps {
+            match step {
+                Step::Settle { replica, sources } => {
+                    match self.settle_copy(replica, key, segment.seal, &sources).await {
+                        Ok(true) => settled.push(replica),
+                        Ok(false) => {
+                            tracing::debug!(?key, replica, "a copy is not settled yet (no source)");
+                        }
+                        Err(error) => {
+                            tracing::warn!(?key, replica, %error, "settling a copy failed");
+                        }
+                    }
                 }
-                continue;
-            }
-            let sources = segment.sources_for(replica);
-            match self.settle_copy(replica, key, segment.seal, &sources).await {
-                Ok(true) => settled.push(replica),
-                Ok(false) => {
-                    tracing::debug!(?key, replica, "a copy is not settled yet (no source)");
-                }
-                Err(error) => tracing::warn!(?key, replica, %error, "settling a copy failed"),
+                Step::Replace { lost } => self.replace_replica(term, segment, lost).await,
+                // Last in a plan: added once the copies settled now are recorded.
+                Step::Grow => grow = true,
             }
         }
         if !settled.is_empty() {
@@ -217,9 +203,7 @@ impl Healer {
                 Err(error) => tracing::warn!(?key, %error, "recording settled copies failed"),
             }
         }
-        // One replica at a time, and only with no move under way: placement then sees the
-        // whole set it adds to.
-        if segment.short && segment.moving_off.is_empty() && !segment.settled_on.is_empty() {
+        if grow {
             self.add_replica(term, segment).await;
         }
     }
@@ -228,7 +212,7 @@ impl Healer {
     /// placement with the replicas it has kept where they are.
     async fn add_replica(&self, term: u64, segment: &Unsettled) {
         let key = segment.key;
-        let survivors: Vec<u64> = segment.staying().collect();
+        let survivors: Vec<u64> = segment.facts.staying().collect();
         let Some(new) = self.new_replica_placed(segment, &survivors, survivors.len() + 1) else {
             tracing::debug!(?key, "no live broker to add a replica on yet");
             return;
@@ -259,7 +243,7 @@ impl Healer {
                 survivors.contains(&node)
                     || (broker.status == PeerStatus::Alive
                         && self.broker().seats.takes_new_work(node)
-                        && !segment.replicas.contains(&node)
+                        && !segment.facts.replicas.contains(&node)
                         && !segment.dropped.contains(&node))
             })
             .map(|broker| Candidate {
@@ -283,8 +267,8 @@ impl Healer {
     /// The dead replica stays in the set until the new copy is settled.
     async fn replace_replica(&self, term: u64, segment: &Unsettled, dead: u64) {
         let key = segment.key;
-        let survivors: Vec<u64> = segment.staying().filter(|&r| r != dead).collect();
-        let wanted = segment.staying().count();
+        let survivors: Vec<u64> = segment.facts.staying().filter(|&r| r != dead).collect();
+        let wanted = segment.facts.staying().count();
         let Some(new) = self.new_replica_placed(segment, &survivors, wanted) else {
             tracing::debug!(?key, dead, "no live broker to move a replica to");
             return;

@@ -70,6 +70,8 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-broker/src/replica.rs", false),
     ("crates/malachi-broker/src/replica", false),
     ("crates/malachi-broker/src/heal.rs", false),
+    // Healing's plan for a segment is pure (its driver is `heal.rs`).
+    ("crates/malachi-broker/src/heal", true),
     ("crates/malachi-broker/src/admin.rs", false),
     ("crates/malachi-broker/src/scrape.rs", false),
     ("crates/malachi-sim/src/cluster.rs", false),
