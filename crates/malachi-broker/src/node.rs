@@ -189,8 +189,10 @@ impl std::ops::Deref for Broker {
 }
 
 impl Core {
-    /// The broker this core belongs to. Services live inside their broker, so while one of
-    /// them runs the broker is alive.
+    /// The broker this core belongs to, for one service to call another. Every caller runs on
+    /// behalf of a live broker (a request, the maintenance tick, a task holding the broker);
+    /// code on a task that holds a service alone (replication's spans) uses
+    /// [`Core::self_handle`], which may find the broker gone.
     pub(crate) fn broker(&self) -> Arc<Broker> {
         self.me.upgrade().expect("a service runs inside its live broker")
     }

@@ -294,6 +294,14 @@ impl Replicator {
         }
     }
 
+    /// Asks for a roll of `key`'s range. Spans ship on tasks that hold this service alone, so
+    /// the broker may be gone: then nobody is left to roll anything.
+    fn request_roll(&self, key: SegmentKey) {
+        if let Some(broker) = self.self_handle() {
+            broker.coordination.request_roll(key.topic_id, key.range_id);
+        }
+    }
+
     /// This service, for a task of its own to hold; `None` once the broker is stopping.
     fn handle(&self) -> Option<Arc<Replicator>> {
         self.self_handle().map(|broker| Arc::clone(&broker.replicator))
@@ -414,7 +422,7 @@ impl Replicator {
     ) -> Result<AppendTicket, ReplicatedAppendError> {
         let Some(head) = self.replication.head(key) else {
             // Restarted since it created the head: only failover may decide where it ends.
-            self.broker().coordination.request_roll(key.topic_id, key.range_id);
+            self.request_roll(key);
             return Err(ReplicatedAppendError::Append(AppendError::Sealed { end_offset: 0 }));
         };
         let replicator = self.handle().expect("a serving broker is held by an Arc");
@@ -459,7 +467,7 @@ impl Replicator {
         if lost {
             self.replication.heads.lock().expect("heads lock poisoned").remove(&head.key);
             self.replication.recovered.lock().expect("recovered lock poisoned").insert(head.key);
-            self.broker().coordination.request_roll(head.key.topic_id, head.key.range_id);
+            self.request_roll(head.key);
         }
     }
 
@@ -506,7 +514,7 @@ impl Replicator {
                     head.acked.send_modify(|acked| {
                         acked.refused_from.get_or_insert(from);
                     });
-                    self.broker().coordination.request_roll(head.key.topic_id, head.key.range_id);
+                    self.request_roll(head.key);
                 }
             }
         }

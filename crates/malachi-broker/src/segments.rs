@@ -28,21 +28,30 @@ impl Core {
     pub(crate) async fn segment(&self, key: SegmentKey) -> Result<Arc<Segment>, DataError> {
         self.check_held_here(key)?;
         let opened = self.data.open(key, || self.listed(key)).await?;
-        if opened.created {
-            self.broker().replicator.created_copy(key);
-        } else if opened.fresh {
-            self.broker().replicator.recovered_copy(key);
-        }
+        self.opened_copy(key, opened.created, opened.fresh);
         if opened.report_created {
             self.report_created(vec![key.segment_id]).await;
         }
         if opened.fresh
             && opened.segment.status().sealed.is_some()
             && matches!(self.listed(key), Some(Listed::ActiveCreated | Listed::ActiveUnborn))
+            && let Some(broker) = self.self_handle()
         {
-            self.broker().coordination.request_roll(key.topic_id, key.range_id);
+            broker.coordination.request_roll(key.topic_id, key.range_id);
         }
         Ok(opened.segment)
+    }
+
+    /// Tells replication that this broker opened its copy of `key`: created now, or written
+    /// by an earlier process (`fresh`). A task may still open segments while its broker stops;
+    /// then there is no replication left to tell.
+    fn opened_copy(&self, key: SegmentKey, created: bool, fresh: bool) {
+        let Some(broker) = self.self_handle() else { return };
+        if created {
+            broker.replicator.created_copy(key);
+        } else if fresh {
+            broker.replicator.recovered_copy(key);
+        }
     }
 
     /// Creates the files of segments metadata has just allocated and reports them together.
@@ -51,11 +60,7 @@ impl Core {
         for &key in keys {
             self.check_held_here(key)?;
             let opened = self.data.open(key, || self.listed(key)).await?;
-            if opened.created {
-                self.broker().replicator.created_copy(key);
-            } else if opened.fresh {
-                self.broker().replicator.recovered_copy(key);
-            }
+            self.opened_copy(key, opened.created, opened.fresh);
             if opened.report_created {
                 created.push(key.segment_id);
             }
