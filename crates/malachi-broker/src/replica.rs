@@ -550,8 +550,16 @@ impl Replicator {
             }
             Ok(Err(error)) | Err(error) => {
                 tracing::debug!(?key, follower, %error, "shipping to a follower failed");
-                let actions = head.step(|machine| machine.follower_unreachable(follower, epoch));
+                let mut out_of_reach = false;
+                let actions = head.step(|machine| {
+                    out_of_reach = machine.follower_unreachable(follower, epoch);
+                });
                 self.execute(&head, actions);
+                // The other spans of the window fail too; only the failure that put the
+                // follower out of reach retries it.
+                if !out_of_reach {
+                    return;
+                }
                 tokio::time::sleep(Duration::from_millis(RETRY_MS)).await;
                 head.step(|machine| machine.retry_follower(follower))
             }

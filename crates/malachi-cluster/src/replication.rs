@@ -299,16 +299,23 @@ impl Primary {
     /// `follower` could not be reached with a span of window `epoch` (its connection failed,
     /// or membership holds it dead): what was in flight to it is lost; it is shipped nothing
     /// until it answers again. A failure of an earlier epoch is stale and changes nothing.
-    pub fn follower_unreachable(&mut self, follower: u64, epoch: u64) {
-        let Some(state) = self.followers.get_mut(&follower) else { return };
+    /// Returns whether this failure put the follower out of reach: only then does the driver
+    /// [`Primary::retry_follower`] after its pause. The other spans of the window fail too,
+    /// and when calls fail at once (membership holds the follower dead) each of them retrying
+    /// would ship a window whose every span retries in turn: the chaos drill saw a primary
+    /// spawn a million shipping tasks in seconds and pass 2 GiB.
+    #[must_use = "only the failure that put the follower out of reach retries it"]
+    pub fn follower_unreachable(&mut self, follower: u64, epoch: u64) -> bool {
+        let Some(state) = self.followers.get_mut(&follower) else { return false };
         if epoch != state.epoch {
-            return;
+            return false;
         }
         state.epoch += 1;
         state.unreachable = true;
         state.in_flight.clear();
         state.in_flight_bytes = 0;
         state.next = state.durable;
+        true
     }
 
     /// A follower out of reach is tried again from its durable end (the driver calls this on

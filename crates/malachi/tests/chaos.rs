@@ -78,9 +78,23 @@ enum Fault {
     Pause,
     Isolate,
     Deafen,
+    /// Cut off both ways for long ([`AWAY_MS`]): its followers fall behind across many
+    /// replication windows and catch up from the files once back; heads created meanwhile are
+    /// placed on the other brokers and must grow back to three copies.
+    Away,
 }
 
-const FAULTS: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Isolate, Fault::Deafen];
+const FAULTS: [Fault; 5] = [Fault::Kill, Fault::Pause, Fault::Isolate, Fault::Deafen, Fault::Away];
+
+/// The brokers' replication factor (the default).
+const REPLICATION_FACTOR: usize = 3;
+
+/// How long an [`Fault::Away`] lasts.
+const AWAY_MS: std::ops::Range<u64> = 8_000..20_000;
+
+/// Each record's value, at least: over 1 KiB, so a catch-up span read from a file (4 MiB at
+/// most) carries fewer records than it covers, as the issue 25 wedge needed.
+const VALUE_BYTES: usize = 1_536;
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
@@ -125,7 +139,7 @@ async fn the_chaos_drill_loses_nothing_and_converges() {
     }
     let addresses: Vec<String> =
         brokers.processes.iter().map(|process| process.address()).collect();
-    let load = Load::start(&addresses, &TOPICS, 2 * hosts, ADMIN_PASSWORD);
+    let load = Load::start_with(&addresses, &TOPICS, 2 * hosts, ADMIN_PASSWORD, VALUE_BYTES);
     let reshaper = Reshaper::start(addresses.clone(), schedule.next());
 
     let started = Instant::now();
@@ -133,7 +147,8 @@ async fn the_chaos_drill_loses_nothing_and_converges() {
     while started.elapsed() < drill {
         let fault = FAULTS[schedule.below(FAULTS.len() as u64) as usize];
         let host = schedule.below(hosts as u64) as usize;
-        let hold = Duration::from_millis(schedule.within(HOLD_MS));
+        let hold_ms = if fault == Fault::Away { AWAY_MS } else { HOLD_MS };
+        let hold = Duration::from_millis(schedule.within(hold_ms));
         eprintln!(
             "t+{:.1}s {fault:?} broker {} for {hold:?} ({} acknowledged so far)",
             started.elapsed().as_secs_f64(),
@@ -211,7 +226,7 @@ fn inflict(network: &Network, brokers: &mut Brokers, host: usize, fault: Fault) 
     match fault {
         Fault::Kill => brokers.kill(host),
         Fault::Pause => brokers.signal(host, "STOP"),
-        Fault::Isolate => network.cut(host, Cut::Both),
+        Fault::Isolate | Fault::Away => network.cut(host, Cut::Both),
         Fault::Deafen => network.cut(host, Cut::Inbound),
     }
 }
@@ -220,13 +235,14 @@ fn undo(network: &Network, brokers: &mut Brokers, host: usize, fault: Fault) {
     match fault {
         Fault::Kill => brokers.restart(host),
         Fault::Pause => brokers.signal(host, "CONT"),
-        Fault::Isolate | Fault::Deafen => network.heal(host),
+        Fault::Isolate | Fault::Deafen | Fault::Away => network.heal(host),
     }
 }
 
 /// Whether `client`'s broker sees the cluster whole again: every broker alive, every Raft
-/// group with a leader, every sealed segment of the drill's topics settled on each copy, and
-/// every active segment's primary answering. (A follower's copy of an active segment may rightly
+/// group with a leader, every segment of the drill's topics on as many copies as the
+/// replication factor asks (3, the default; segments placed while a broker was away grow
+/// back), every sealed one settled on each copy, and every active segment's primary answering. (A follower's copy of an active segment may rightly
 /// not answer: a restarted follower opens it only when the primary next ships records.)
 async fn converged(client: &Client, everyone: &[u64]) -> Result<(), String> {
     reports(client, everyone, 0).await?;
@@ -237,6 +253,10 @@ async fn converged(client: &Client, everyone: &[u64]) -> Result<(), String> {
     for topic in TOPICS {
         let described = client.describe_segments(topic).await.map_err(|e| e.to_string())?;
         for segment in &described.segments {
+            let wanted = REPLICATION_FACTOR.min(everyone.len());
+            if segment.copies.len() < wanted {
+                return Err(format!("{topic}: fewer than {wanted} copies: {segment:?}"));
+            }
             let whole = match segment.state {
                 SegmentState::Sealed => segment.copies.iter().all(|copy| copy.settled),
                 SegmentState::Active => segment.copies.first().is_some_and(|copy| copy.answered),

@@ -122,7 +122,7 @@ fn the_rest_of_a_refused_window_ships_nothing_more() {
     primary.follower_refused(3, 0, 0);
     assert!(ships(&primary.take_actions()).is_empty(), "a stale refusal ships nothing");
     // A failure of the old window is stale too: the follower is not taken out of reach.
-    primary.follower_unreachable(3, 0);
+    assert!(!primary.follower_unreachable(3, 0), "a stale failure changes nothing");
     primary.follower_durable(3, 20);
     primary.local_durable(20);
     assert_eq!(primary.acked_end(), 20);
@@ -137,7 +137,7 @@ fn the_rest_of_a_refused_window_ships_nothing_more() {
 #[test]
 fn a_follower_out_of_reach_is_shipped_from_the_file_once_back() {
     let mut primary = Primary::new(&[2, 3], 0, config());
-    primary.follower_unreachable(3, 0);
+    assert!(primary.follower_unreachable(3, 0));
     for batch in 0..3 {
         primary.staged(batch * 5, batch * 5 + 5, 10, 0);
         primary.take_actions();
@@ -176,7 +176,7 @@ fn a_slow_follower_does_not_pin_acknowledged_batches_past_the_budget() {
     // Follower 3 falls out of reach and comes back: it is shipped from the file below what is
     // held, one bounded span at a time.
     let epoch = primary.window_epoch(3).unwrap();
-    primary.follower_unreachable(3, epoch);
+    assert!(primary.follower_unreachable(3, epoch));
     primary.retry_follower(3);
     assert_eq!(ships(&primary.take_actions()), [(3, 0, 4)], "from the file, alone");
     // Without the budget, the same follower pins every batch.
@@ -197,7 +197,7 @@ fn a_slow_follower_does_not_pin_acknowledged_batches_past_the_budget() {
 #[test]
 fn a_span_answered_short_is_shipped_on_from_the_followers_end() {
     let mut primary = Primary::new(&[2, 3], 0, config());
-    primary.follower_unreachable(3, 0);
+    assert!(primary.follower_unreachable(3, 0));
     for batch in 0..3 {
         primary.staged(batch * 5, batch * 5 + 5, 10, 0);
         primary.local_durable(batch * 5 + 5);
@@ -231,7 +231,7 @@ fn a_span_answered_short_is_shipped_on_from_the_followers_end() {
 fn the_short_answer_canary_wedges_the_follower() {
     let canary = ReplicationConfig { canary_short_answer_wedges: true, ..config() };
     let mut primary = Primary::new(&[2, 3], 0, canary);
-    primary.follower_unreachable(3, 0);
+    assert!(primary.follower_unreachable(3, 0));
     primary.staged(0, 10, 20, 0);
     primary.local_durable(10);
     primary.follower_durable(2, 10);
@@ -260,8 +260,8 @@ fn a_short_answer_with_spans_behind_it_reships_after_their_refusal() {
 #[test]
 fn without_a_quorum_a_batch_fails_in_bounded_time_and_so_does_every_later_one() {
     let mut primary = Primary::new(&[2, 3], 0, config());
-    primary.follower_unreachable(2, 0);
-    primary.follower_unreachable(3, 0);
+    assert!(primary.follower_unreachable(2, 0));
+    assert!(primary.follower_unreachable(3, 0));
     primary.staged(0, 10, 10, 1_000);
     primary.local_durable(10);
     primary.tick(1_099);
@@ -401,7 +401,7 @@ proptest! {
                     copy.appended = copy.synced;
                     copy.inbox.clear();
                     let epoch = primary.window_epoch(followers[follower]).unwrap();
-                    primary.follower_unreachable(followers[follower], epoch);
+                    let _ = primary.follower_unreachable(followers[follower], epoch);
                 }
                 Step::Retry { follower } => primary.retry_follower(followers[follower]),
                 Step::Tick => {
@@ -466,4 +466,26 @@ proptest! {
             }
         }
     }
+}
+
+/// Every span of a window to a follower fails when it cannot be reached, at once when
+/// membership holds it dead; only the first failure puts it out of reach and retries it, so
+/// one window goes out per retry however many spans it had (each retrying shipped a window of
+/// its own, whose spans retried in turn: the chaos drill's runaway).
+#[test]
+fn only_the_first_failure_of_a_window_retries_it() {
+    let mut primary = Primary::new(&[2, 3], 0, config());
+    for batch in 0..4 {
+        primary.staged(batch * 5, batch * 5 + 5, 10, 0);
+    }
+    let to_3 = |actions: &[Action]| ships(actions).iter().filter(|s| s.0 == 3).count();
+    let window = to_3(&primary.take_actions());
+    assert!(window >= 2, "a window of several spans");
+    let retries: Vec<bool> = (0..window).map(|_| primary.follower_unreachable(3, 0)).collect();
+    assert_eq!(retries.iter().filter(|&&first| first).count(), 1, "{retries:?}");
+    assert!(retries[0], "the first failure puts it out of reach");
+    primary.retry_follower(3);
+    assert_eq!(to_3(&primary.take_actions()), window, "one window again, from its durable end");
+    let retries: Vec<bool> = (0..window).map(|_| primary.follower_unreachable(3, 1)).collect();
+    assert_eq!(retries.iter().filter(|&&first| first).count(), 1, "once per window: {retries:?}");
 }

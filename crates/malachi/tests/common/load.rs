@@ -28,6 +28,18 @@ impl Load {
     /// `topics[i % topics.len()]` through the broker at `addresses[i % addresses.len()]`,
     /// reconnecting after a failure (its broker may be killed).
     pub fn start(addresses: &[String], topics: &[&str], count: usize, password: &str) -> Load {
+        Load::start_with(addresses, topics, count, password, 0)
+    }
+
+    /// [`Load::start`] with every record's value padded to at least `value_bytes` (the padding
+    /// follows a `#`, which [`assert_read_back`] drops).
+    pub fn start_with(
+        addresses: &[String],
+        topics: &[&str],
+        count: usize,
+        password: &str,
+        value_bytes: usize,
+    ) -> Load {
         let acked: Arc<Mutex<Acked>> = Arc::default();
         let acked_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
         let failures: Arc<AtomicUsize> = Arc::default();
@@ -52,7 +64,8 @@ impl Load {
                         let batch = keys
                             .iter()
                             .map(|key| {
-                                RecordBuilder::new(format!("{key}={sequence}")).key(key).build()
+                                let value = padded(format!("{key}={sequence}"), value_bytes);
+                                RecordBuilder::new(value).key(key).build()
                             })
                             .collect();
                         match client.produce(&topic, batch).await {
@@ -102,6 +115,15 @@ impl Load {
     }
 }
 
+/// `value`, then `#` and filler up to `bytes` when it is shorter.
+fn padded(mut value: String, bytes: usize) -> String {
+    if value.len() < bytes {
+        value.push('#');
+        value.extend(std::iter::repeat_n('x', bytes.saturating_sub(value.len())));
+    }
+    value
+}
+
 /// Every acknowledged record of `topics` is read back through `client`'s broker, once, and each
 /// key's acknowledged records in the order they were produced (design.md invariant 6: a record
 /// acknowledged before the next was sent precedes it). A record whose produce failed (its
@@ -113,6 +135,7 @@ pub async fn assert_read_back(client: &Client, topics: &[&str], acked: &Acked) {
         let (records, _) = super::drain(client, topic, None).await;
         for record in records {
             let value = super::value(&record);
+            let value = value.split('#').next().unwrap();
             let (key, sequence) = value.split_once('=').unwrap();
             read.entry(key.to_string()).or_default().push(sequence.parse().unwrap());
         }
