@@ -19,13 +19,7 @@ pub struct Admin {
     write_admin_credentials: bool,
 }
 
-impl std::ops::Deref for Admin {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Admin);
 
 impl Admin {
     pub(crate) fn new(

@@ -52,13 +52,7 @@ pub struct Coordination {
     roll_asked_ms: Mutex<BTreeMap<(u64, u32), u64>>,
 }
 
-impl std::ops::Deref for Coordination {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Coordination);
 
 impl Coordination {
     pub(crate) fn new(core: Arc<Core>) -> Coordination {

@@ -79,13 +79,7 @@ pub struct Groups {
     members: Mutex<Members>,
 }
 
-impl std::ops::Deref for Groups {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Groups);
 
 impl Groups {
     pub(crate) fn new(core: Arc<Core>) -> Groups {

@@ -75,13 +75,7 @@ pub struct Healer {
     scrub_cursor: Mutex<u64>,
 }
 
-impl std::ops::Deref for Healer {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Healer);
 
 impl Healer {
     pub(crate) fn new(core: Arc<Core>) -> Healer {

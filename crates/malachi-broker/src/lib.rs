@@ -1,6 +1,20 @@
 //! The log API on one node: topics, ranges, produce, fetch with cursors, consumer groups,
 //! split and merge, retention.
 
+/// Every service, and the composition root, reads the shared plumbing through its private
+/// `core` field: one `Deref` to [`node::Core`], written once here and invoked beside each type.
+macro_rules! services_on_core {
+    ($service:ty) => {
+        impl std::ops::Deref for $service {
+            type Target = crate::node::Core;
+
+            fn deref(&self) -> &crate::node::Core {
+                &self.core
+            }
+        }
+    };
+}
+
 pub mod admin;
 pub mod auth;
 pub mod clock;

@@ -180,13 +180,7 @@ pub struct Core {
     pub(crate) metrics: crate::metrics::Metrics,
 }
 
-impl std::ops::Deref for Broker {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Broker);
 
 impl Core {
     /// The broker this core belongs to, for one service to call another. Every caller runs on

@@ -277,13 +277,7 @@ pub struct Replicator {
     unreachable_until_ms: Mutex<BTreeMap<u64, u64>>,
 }
 
-impl std::ops::Deref for Replicator {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Replicator);
 
 impl Replicator {
     pub(crate) fn new(core: Arc<Core>) -> Replicator {

@@ -43,13 +43,7 @@ pub struct Observer {
     scraping: tokio::sync::Mutex<()>,
 }
 
-impl std::ops::Deref for Observer {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Observer);
 
 impl Observer {
     pub(crate) fn new(core: Arc<Core>) -> Observer {

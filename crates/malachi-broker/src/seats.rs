@@ -229,13 +229,7 @@ pub struct Seats {
     leadership_moved_ms: Mutex<BTreeMap<u64, u64>>,
 }
 
-impl std::ops::Deref for Seats {
-    type Target = Core;
-
-    fn deref(&self) -> &Core {
-        &self.core
-    }
-}
+services_on_core!(Seats);
 
 impl Seats {
     pub(crate) fn new(core: Arc<Core>) -> Seats {

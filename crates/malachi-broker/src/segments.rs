@@ -46,6 +46,9 @@ impl Core {
     /// by an earlier process (`fresh`). A task may still open segments while its broker stops;
     /// then there is no replication left to tell.
     fn opened_copy(&self, key: SegmentKey, created: bool, fresh: bool) {
+        if !created && !fresh {
+            return;
+        }
         let Some(broker) = self.self_handle() else { return };
         if created {
             broker.replicator.created_copy(key);
