@@ -23,6 +23,9 @@ pub struct BrokerConfig {
     pub tcp_recv_timeout_ms: u64,
     pub tcp_send_timeout_ms: u64,
     pub shutdown_grace_ms: u64,
+    /// On SIGTERM, how long handing the work over and closing may take in all before the
+    /// broker exits at once (`MALACHI_SHUTDOWN_TIMEOUT_MS`).
+    pub shutdown_timeout_ms: u64,
     pub connection_limit_enabled: bool,
     pub max_conn_per_ip: u32,
     pub max_total_conn: u32,
@@ -274,6 +277,7 @@ impl BrokerConfig {
             tcp_recv_timeout_ms: sources.number("TCP_RECV_TIMEOUT", 30_000)?,
             tcp_send_timeout_ms: sources.number("TCP_SEND_TIMEOUT", 30_000)?,
             shutdown_grace_ms: sources.number("SHUTDOWN_GRACE_MS", 5_000)?,
+            shutdown_timeout_ms: sources.number("SHUTDOWN_TIMEOUT_MS", 30_000)?,
             connection_limit_enabled: sources.flag("CONNECTION_LIMIT_ENABLED", true)?,
             max_conn_per_ip: sources.number("MAX_CONN_PER_IP", 100)?,
             max_total_conn: sources.number("MAX_TOTAL_CONN", 10_000)?,

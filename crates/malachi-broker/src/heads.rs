@@ -360,8 +360,9 @@ impl Coordination {
         }
         let replicas = wanted.min(live.len());
         let constraints = self.placement_constraints(topic_id);
-        let placement = placement::place(object, replicas, &live, &[], &constraints)
+        let mut placement = placement::place(object, replicas, &live, &[], &constraints)
             .map_err(|error| LogError::PlacementUnmet(error.to_string()))?;
+        self.broker().handover.primary_first(&mut placement.brokers);
         Ok(placement.brokers)
     }
 

@@ -31,6 +31,7 @@ pub mod fetch;
 pub mod frontier;
 pub mod gossip;
 pub mod groups;
+pub mod handover;
 mod heads;
 pub mod heal;
 pub mod lag;

@@ -146,6 +146,8 @@ pub struct Broker {
     pub(crate) groups: crate::groups::Groups,
     /// What operators see: metrics, readiness, copies, consumer lag.
     pub(crate) observer: crate::scrape::Observer,
+    /// Handing work over before a stop, and which brokers are draining.
+    pub(crate) handover: crate::handover::Handover,
 }
 
 /// What every service of a broker shares: its identity and configuration, its clock and
@@ -350,6 +352,7 @@ impl Broker {
             });
             Broker {
                 observer: crate::scrape::Observer::new(Arc::clone(&core)),
+                handover: crate::handover::Handover::new(Arc::clone(&core)),
                 groups: crate::groups::Groups::new(Arc::clone(&core)),
                 admin_service: crate::admin::Admin::new(
                     Arc::clone(&core),
@@ -437,6 +440,10 @@ impl Broker {
     }
 
     /// The replication service, for the simulator's checks.
+    pub fn handover(&self) -> &crate::handover::Handover {
+        &self.handover
+    }
+
     pub fn replicator(&self) -> &crate::replica::Replicator {
         &self.replicator
     }

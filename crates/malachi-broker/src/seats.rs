@@ -345,6 +345,7 @@ impl Seats {
             if to == self.node_id
                 || mine < theirs.copied().unwrap_or(0) + 2
                 || !self.takes_new_work(to)
+                || self.broker().handover.is_draining(to)
                 || !vnode.group.caught_up(to)
                 || !idle
                 || !self.leadership_move_allowed(vnode.group_id(), now_ms)

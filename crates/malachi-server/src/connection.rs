@@ -175,10 +175,17 @@ async fn serve_admitted(
 impl Connection {
     async fn run(&mut self, mut frames: Frames) {
         let idle = Duration::from_millis(self.broker.config().tcp_recv_timeout_ms);
+        let mut closing = self.shared.closing.subscribe();
         loop {
-            let next = match tokio::time::timeout(idle, frames.next()).await {
-                Err(_) | Ok(None) => return,
-                Ok(Some(next)) => next,
+            // Biased: a stopping server closes between requests, never inside one.
+            let next = tokio::select! {
+                biased;
+                () = crate::closed(&mut closing) => None,
+                next = tokio::time::timeout(idle, frames.next()) => next.ok().flatten(),
+            };
+            let Some(next) = next else {
+                let _ = self.writer.shutdown().await;
+                return;
             };
             let body = match next {
                 Ok(body) => body,

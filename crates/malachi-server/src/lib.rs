@@ -46,6 +46,8 @@ pub struct ServerShared {
     pub quotas: quota::Quotas,
     /// Failed logins, written to the administrative group in batches.
     pub lockouts: lockouts::LockoutBatcher,
+    /// Set when the server stops: each connection closes once its request in hand is answered.
+    pub closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl ServerShared {
@@ -72,8 +74,15 @@ impl ServerShared {
             tokens,
             quotas: quota::Quotas::new(&config.security),
             lockouts: lockouts::LockoutBatcher::default(),
+            closing: tokio::sync::watch::Sender::new(false),
         }))
     }
+}
+
+/// Resolves once the server is stopping ([`ServerShared::closing`]).
+pub(crate) async fn closed(closing: &mut tokio::sync::watch::Receiver<bool>) {
+    // An error means the sender is gone: the server is gone, so is every reason to wait.
+    let _ = closing.wait_for(|closing| *closing).await;
 }
 
 /// A bound, not yet running server.
@@ -104,15 +113,16 @@ impl Server {
     /// Accepts connections until `shutdown` completes, then waits up to the configured grace
     /// for open connections to finish.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()>) {
+        let Server { listener, broker, shared } = self;
         let mut connections = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 biased;
-                accepted = self.listener.accept() => match accepted {
+                accepted = listener.accept() => match accepted {
                     Ok((stream, peer)) => {
-                        let broker = Arc::clone(&self.broker);
-                        let shared = Arc::clone(&self.shared);
+                        let broker = Arc::clone(&broker);
+                        let shared = Arc::clone(&shared);
                         connections.spawn(connection::serve(stream, peer, broker, shared));
                     }
                     Err(error) => {
@@ -124,7 +134,11 @@ impl Server {
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
             }
         }
-        let grace = Duration::from_millis(self.broker.config().shutdown_grace_ms);
+        // New connections are refused (a client tries another broker at once), and open ones
+        // close as soon as the request each is serving is answered.
+        drop(listener);
+        shared.closing.send_replace(true);
+        let grace = Duration::from_millis(broker.config().shutdown_grace_ms);
         let drained =
             tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} })
                 .await;

@@ -76,6 +76,7 @@ pub(crate) fn open(connection: &Connection, corr: u32, request: SubscribeRequest
 impl Subscription {
     pub(crate) async fn run(self, connection: &mut Connection, frames: &mut Frames) {
         let mut progress = Progress { cursor: None, in_flight: 0 };
+        let mut closing = connection.shared.closing.subscribe();
         loop {
             if !self.may_read(connection) {
                 self.deny(connection).await;
@@ -88,6 +89,8 @@ impl Subscription {
             // choice, so a simulated run replays exactly.
             tokio::select! {
                 biased;
+                // The server stops: the consumer resumes from its cursor on another broker.
+                () = crate::closed(&mut closing) => break,
                 next = frames.next() => match next {
                     None => break,
                     Some(Err(error)) => {

@@ -5,6 +5,7 @@
 mod bench;
 mod cli;
 mod cluster_boot;
+mod health;
 mod identity;
 mod serve;
 
@@ -23,6 +24,8 @@ struct Cli {
 enum Command {
     /// Run a broker (single node, data on local disk; no configuration needed).
     Serve(serve::ServeArgs),
+    /// Ask a broker's /ready: exits 0 when it can serve (for container health checks).
+    Health(health::HealthArgs),
     /// Measure Malachi against a baseline measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Health(args) => health::run(args),
         Command::Bench(command) => bench::run(command),
         Command::Client(command) => cli::run(command),
     };

@@ -180,11 +180,21 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     }
     let console = start_console(&broker, server.shared()).await?;
     let maintenance = broker.spawn_maintenance();
+    if broker.transport().is_some() {
+        // A notice this broker left with the others when it last stopped is withdrawn.
+        let broker = Arc::clone(&broker);
+        tokio::spawn(async move { broker.handover().withdraw().await });
+    }
     let stop = async {
-        tokio::select! {
+        let signalled = tokio::select! {
             biased;
-            () = wait_for_signal() => {}
-            () = commit_failure(&broker) => {}
+            () = wait_for_signal() => true,
+            () = commit_failure(&broker) => false,
+        };
+        if signalled {
+            exit_at_once_after(broker.config().shutdown_timeout_ms);
+            eprintln!("malachi stopping: handing the work over (a second SIGTERM exits at once)");
+            broker.handover().hand_over().await;
         }
     };
     server.run(stop).await;
@@ -285,6 +295,22 @@ async fn commit_failure(broker: &Broker) {
             return;
         }
     }
+}
+
+/// From the first SIGTERM on, a second one, or `timeout_ms` (`MALACHI_SHUTDOWN_TIMEOUT_MS`),
+/// ends the process at once: what it acknowledged is on disk already, so exiting without the
+/// rest of the hand-over is a crash, which the cluster recovers from.
+fn exit_at_once_after(timeout_ms: u64) {
+    tokio::spawn(async move {
+        let cause = tokio::select! {
+            () = wait_for_signal() => "a second signal",
+            () = tokio::time::sleep(std::time::Duration::from_millis(timeout_ms)) => {
+                "MALACHI_SHUTDOWN_TIMEOUT_MS passed"
+            }
+        };
+        eprintln!("malachi: {cause}: exiting at once");
+        std::process::exit(1);
+    });
 }
 
 async fn wait_for_signal() {

@@ -59,6 +59,13 @@ impl Member {
     async fn admin(&self) -> Client {
         self.process.connect_as("admin", ADMIN_PASSWORD).await
     }
+
+    /// SIGTERM, then waits for the broker to exit; whether it exited cleanly.
+    fn terminate(&mut self) -> bool {
+        self.signal("TERM");
+        let status = self.child.take().expect("running").wait().unwrap();
+        status.success()
+    }
 }
 
 impl Drop for Member {
@@ -710,6 +717,62 @@ async fn kill_under_load_loses_no_acknowledged_record() {
         assert_read_back(&member.admin().await, &topics, &acked).await;
     }
     eprintln!("{total} acknowledged records across a kill of broker {}, all read back", leader + 1);
+}
+
+/// The longest time between two acknowledgements in `acked_at` (sorted) that overlaps
+/// `window`: what a producer saw of one event.
+fn longest_gap_in(acked_at: &[Instant], window: (Instant, Instant)) -> Duration {
+    acked_at
+        .windows(2)
+        .filter(|pair| pair[1] >= window.0 && pair[0] <= window.1)
+        .map(|pair| pair[1].duration_since(pair[0]))
+        .max()
+        .unwrap_or_default()
+}
+
+/// A rolling restart with SIGTERM under load: each broker in turn hands its work over (its
+/// leaderships to caught-up voters, the heads it is primary of rolled onto the others), exits
+/// cleanly, and is started again; producers move to another broker when theirs closes. Nothing
+/// acknowledged is lost, every broker ends with no head it leads left behind, and the stall
+/// each restart cost is printed (the target, in docs/operations.md, is measured by
+/// `scripts/rolling-restart`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_with_sigterm_hands_the_work_over_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_cluster(dir.path(), 3).await;
+    let client = members[0].admin().await;
+    let topics = ["rolling1", "rolling2"];
+    for topic in topics {
+        create_topic(&client, topic, 4).await;
+    }
+    let addresses: Vec<String> = members.iter().map(|member| member.process.address()).collect();
+    let load = Load::start_with(&addresses, &topics, 6, ADMIN_PASSWORD, 1_200);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut windows = Vec::new();
+    for at in 0..members.len() {
+        let begun = Instant::now();
+        assert!(members[at].terminate(), "broker {} did not exit cleanly on SIGTERM", at + 1);
+        let log = members[at].process.log();
+        let report = log.lines().rev().find(|line| line.contains("handed this broker's work over"));
+        let report = report.expect("the broker logged its hand-over");
+        assert!(report.contains("heads_left: 0"), "heads were left behind: {report}");
+        members[at].start();
+        let back = members[at].admin().await;
+        for node_id in 1..=3 {
+            status_becomes(&back, node_id, 0).await;
+        }
+        windows.push((begun, Instant::now()));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let (acked, acked_at) = load.stop().await;
+    for (at, window) in windows.iter().enumerate() {
+        let gap = longest_gap_in(&acked_at, *window);
+        eprintln!("restart of broker {}: longest wait for an acknowledgement {gap:?}", at + 1);
+    }
+    for member in &members {
+        assert_read_back(&member.admin().await, &topics, &acked).await;
+    }
+    eprintln!("{} acknowledged records across three restarts, all read back", acked_at.len() * 4);
 }
 
 /// How a test takes a head's primary away under load.

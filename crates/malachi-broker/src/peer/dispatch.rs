@@ -62,6 +62,11 @@ async fn dispatch(broker: &Broker, sender: u64, call: PeerCall) -> Result<Vec<u8
             broker.coordination.answer_coordination(group_id, ask).await
         }
         PeerCall::Enroll(_) => Err("a member holds its certificate and enrolls no more".into()),
+        // A broker speaks for itself only: the notice is the sender's.
+        PeerCall::Draining { draining } => {
+            broker.handover.note(sender, draining);
+            Ok(Vec::new())
+        }
         PeerCall::Data { key, call } => answer_data(broker, sender, key, call).await,
     }
 }

@@ -16,6 +16,7 @@
 //! | Cluster | 3 | [`PeerCall::AddMember`] | an [`AddMember`] (JSON) |
 //! | Cluster | 4, 5, 6 | [`PeerCall::Coordinate`] (roll, load, reshape) | an [`Ask`] (JSON) |
 //! | Cluster | 7 | [`PeerCall::Enroll`] | an `EnrollRequest` (JSON); the only call of a stranger |
+//! | Cluster | 8 | [`PeerCall::Draining`] | `{"draining": bool}` (JSON): the caller is (or is no longer) handing its work over |
 //! | Data | 1..12 | [`PeerCall::Data`] | the segment key, then the [`DataCall`]'s fields |
 //!
 //! A data call's segment key is `topic_id` u64, `range_id` u32, `segment_id` u64. Records are
@@ -62,6 +63,7 @@ const CLUSTER_LOAD_REPORT: u8 = 5;
 const CLUSTER_RESHAPE: u8 = 6;
 /// The enrollment's kind, public so a test can make the call a stranger may make.
 pub const CLUSTER_ENROLL: u8 = 7;
+const CLUSTER_DRAINING: u8 = 8;
 
 /// Data call kinds.
 const DATA_APPEND: u8 = 1;
@@ -86,7 +88,11 @@ const KEY_BYTES: usize = 8 + 4 + 8;
 pub enum PeerCall {
     /// A Raft message (or a forwarded client write, read barrier, leadership transfer) of group
     /// `group_id`; the body is decoded by the group.
-    Raft { group_id: u64, kind: MessageKind, body: Vec<u8> },
+    Raft {
+        group_id: u64,
+        kind: MessageKind,
+        body: Vec<u8>,
+    },
     /// What a broker about to join needs: cluster id, cursor secret, brokers, ring size.
     Welcome,
     /// Registers the caller (the record must name it) and adds it to every group.
@@ -94,11 +100,27 @@ pub enum PeerCall {
     /// Adds a broker to one group, sent to that group's leader.
     AddMember(AddMember),
     /// A coordinator's question to the leader of the vnode of group `group_id`.
-    Coordinate { group_id: u64, ask: Ask },
+    Coordinate {
+        group_id: u64,
+        ask: Ask,
+    },
     /// A stranger's enrollment with the cluster token.
     Enroll(EnrollRequest),
     /// An operation on one segment's copy on the receiving broker.
-    Data { key: SegmentKey, call: DataCall },
+    /// The caller is handing its work over before it stops (`handover.rs`), or is back.
+    Draining {
+        draining: bool,
+    },
+    Data {
+        key: SegmentKey,
+        call: DataCall,
+    },
+}
+
+/// A drain notice's payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct DrainNotice {
+    draining: bool,
 }
 
 /// An operation on one segment's copy, by the broker holding it.
@@ -199,6 +221,9 @@ impl PeerCall {
             PeerCall::AddMember(add) => cluster(CLUSTER_ADD_MEMBER, add.group_id, json(add)),
             PeerCall::Coordinate { group_id, ask } => cluster(ask_kind(ask), *group_id, json(ask)),
             PeerCall::Enroll(enroll) => cluster(CLUSTER_ENROLL, 0, json(enroll)),
+            PeerCall::Draining { draining } => {
+                cluster(CLUSTER_DRAINING, 0, json(&DrainNotice { draining: *draining }))
+            }
             PeerCall::Data { key, call } => Request {
                 service: Service::Data,
                 group_id: 0,
@@ -244,6 +269,7 @@ impl PeerCall {
             PeerCall::AddMember(_) => "add-member",
             PeerCall::Coordinate { .. } => "coordinate",
             PeerCall::Enroll(_) => "enroll",
+            PeerCall::Draining { .. } => "draining",
             PeerCall::Data { call, .. } => call.name(),
         }
     }
@@ -256,7 +282,8 @@ fn decode_cluster(
     kind: u8,
     payload: &[u8],
 ) -> Option<Result<PeerCall, PeerCallError>> {
-    let groupless = matches!(kind, CLUSTER_WELCOME | CLUSTER_JOIN | CLUSTER_ENROLL);
+    let groupless =
+        matches!(kind, CLUSTER_WELCOME | CLUSTER_JOIN | CLUSTER_ENROLL | CLUSTER_DRAINING);
     if groupless && group_id != 0 {
         return Some(Err(malformed("cluster", "this call names no group")));
     }
@@ -281,6 +308,8 @@ fn decode_cluster(
             })
         }
         CLUSTER_ENROLL => from_json("enroll", payload).map(PeerCall::Enroll),
+        CLUSTER_DRAINING => from_json("draining", payload)
+            .map(|notice: DrainNotice| PeerCall::Draining { draining: notice.draining }),
         _ => return None,
     })
 }

@@ -86,6 +86,7 @@ fn call() -> impl Strategy<Value = PeerCall> {
         (any::<u64>(), text(), any::<[u8; 32]>()).prop_map(|(node_id, cluster_address, proof)| {
             PeerCall::Enroll(EnrollRequest { node_id, cluster_address, proof })
         }),
+        any::<bool>().prop_map(|draining| PeerCall::Draining { draining }),
         (key(), data_call()).prop_map(|(key, call)| PeerCall::Data { key, call }),
     ]
 }
@@ -151,6 +152,7 @@ fn kinds_are_one_table() {
         (PeerCall::Coordinate { group_id: 9, ask: Ask::Roll { topic_id: 1, range_id: 0 } }, 4),
         (PeerCall::Coordinate { group_id: 9, ask: Ask::Load { reporter: 1, rates: vec![] } }, 5),
         (PeerCall::Coordinate { group_id: 9, ask: Ask::Split { topic_id: 1, range_id: 0 } }, 6),
+        (PeerCall::Draining { draining: true }, 8),
     ];
     for (call, kind) in cluster {
         let request = call.encode();

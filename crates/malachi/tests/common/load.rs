@@ -26,7 +26,8 @@ pub struct Load {
 impl Load {
     /// `count` producers logged in as `admin` with `password`, producer `i` writing to
     /// `topics[i % topics.len()]` through the broker at `addresses[i % addresses.len()]`,
-    /// reconnecting after a failure (its broker may be killed).
+    /// reconnecting after a failure to the next broker of `addresses` (its own may be killed,
+    /// paused or restarting; a client of a cluster moves on as one would).
     pub fn start(addresses: &[String], topics: &[&str], count: usize, password: &str) -> Load {
         Load::start_with(addresses, topics, count, password, 0)
     }
@@ -46,15 +47,16 @@ impl Load {
         let stop: Arc<AtomicBool> = Arc::default();
         let producers = (0..count)
             .map(|producer| {
-                let address = addresses[producer % addresses.len()].clone();
+                let addresses = addresses.to_vec();
                 let topic = topics[producer % topics.len()].to_string();
                 let password = password.to_string();
                 let (acked, acked_at) = (Arc::clone(&acked), Arc::clone(&acked_at));
                 let failures = Arc::clone(&failures);
                 let stop = Arc::clone(&stop);
                 tokio::spawn(async move {
-                    let connect = || super::connect_to(&address, "admin", &password);
-                    let mut client = connect().await.unwrap();
+                    let mut at = producer % addresses.len();
+                    let connect = |at: usize| super::connect_to(&addresses[at], "admin", &password);
+                    let mut client = connect(at).await.unwrap();
                     let keys: Vec<String> =
                         (0..4).map(|k| format!("{topic}/p{producer}k{k}")).collect();
                     for sequence in 0u64.. {
@@ -79,7 +81,8 @@ impl Load {
                             Err(_) => {
                                 failures.fetch_add(1, Ordering::Relaxed);
                                 tokio::time::sleep(Duration::from_millis(50)).await;
-                                if let Ok(fresh) = connect().await {
+                                at = (at + 1) % addresses.len();
+                                if let Ok(fresh) = connect(at).await {
                                     client = fresh;
                                 }
                             }
