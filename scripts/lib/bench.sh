@@ -24,7 +24,7 @@ serve() {
         --gossip-port $((port + 5000)) --node-id "$node_id")
     [[ -n $join ]] && args+=(--join "$join")
     env MALACHI_ADMIN_PASS="$password" "${extra_env[@]}" "$bin" "${args[@]}" \
-        >"$work/$name.log" 2>&1 &
+        >>"$work/$name.log" 2>&1 &
     pid_of[$name]=$!
 }
 

@@ -39,7 +39,10 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Health(args) => health::run(args),
         Command::Bench(command) => bench::run(command),
-        Command::Client(command) => cli::run(command),
+        Command::Client(command) => {
+            restore_default_sigpipe();
+            cli::run(command)
+        }
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -47,5 +50,15 @@ fn main() -> ExitCode {
             eprintln!("malachi: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A client command writing into a closed pipe (`malachi consume orders | head`) ends quietly, as
+/// Unix tools do, instead of panicking on the failed write: Rust ignores SIGPIPE by default,
+/// which the broker needs (a peer closing its socket must not kill it), a filter does not.
+fn restore_default_sigpipe() {
+    // SAFETY: setting a signal's disposition to the default, before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -109,6 +109,8 @@ pub(super) struct Figures {
     /// `ack_p50_us / round_trip_p50_us`.
     ack_to_round_trip_p50: f64,
     retried_errors: u64,
+    /// The retried errors by the server's reason.
+    retried_reasons: std::collections::BTreeMap<String, u64>,
     /// The longest any producing connection went without an acknowledgement (from the start
     /// of the load or its last one), retries included: the stall a failover costs.
     longest_ack_gap_ms: u64,
@@ -131,6 +133,7 @@ struct Tally {
     bytes: u64,
     latencies: Latencies,
     retried_errors: u64,
+    retried_reasons: std::collections::BTreeMap<String, u64>,
     longest_ack_gap_us: u64,
 }
 
@@ -418,11 +421,9 @@ impl Load {
 }
 
 async fn retry_or_stop(error: ClientError, tally: &mut Tally) -> Result<(), ClientError> {
-    let retryable = matches!(error, ClientError::Server { retryable: true, .. });
-    if !retryable {
-        return Err(error);
-    }
+    let ClientError::Server { reason, retryable: true } = error else { return Err(error) };
     tally.retried_errors += 1;
+    *tally.retried_reasons.entry(reason).or_default() += 1;
     tokio::time::sleep(RETRY_PAUSE).await;
     Ok(())
 }
@@ -435,6 +436,9 @@ async fn gather(mut tasks: JoinSet<Result<Tally, ClientError>>) -> Result<Tally,
         total.records += tally.records;
         total.bytes += tally.bytes;
         total.retried_errors += tally.retried_errors;
+        for (reason, count) in tally.retried_reasons {
+            *total.retried_reasons.entry(reason).or_default() += count;
+        }
         total.longest_ack_gap_us = total.longest_ack_gap_us.max(tally.longest_ack_gap_us);
         total.latencies.merge(tally.latencies);
     }
@@ -473,6 +477,13 @@ fn figures(
         round_trip_p99_us: floor.percentile_us(0.99),
         ack_to_round_trip_p50: ratio(ack_p50_us, round_trip_p50_us),
         retried_errors: produced.retried_errors + consumed.retried_errors,
+        retried_reasons: {
+            let mut reasons = std::mem::take(&mut produced.retried_reasons);
+            for (reason, count) in std::mem::take(&mut consumed.retried_reasons) {
+                *reasons.entry(reason).or_default() += count;
+            }
+            reasons
+        },
         longest_ack_gap_ms: produced.longest_ack_gap_us / 1_000,
         ranges: 0,
         topics: 1,
