@@ -61,6 +61,7 @@ const DECISION_CODE: &[(&str, bool)] = &[
     ("crates/malachi-broker/src/coordinate.rs", false),
     ("crates/malachi-broker/src/heads.rs", false),
     ("crates/malachi-broker/src/seats.rs", false),
+    ("crates/malachi-broker/src/handover.rs", false),
     ("crates/malachi-broker/src/policies.rs", false),
     ("crates/malachi-broker/src/cluster.rs", false),
     ("crates/malachi-broker/src/remote.rs", false),

@@ -47,7 +47,7 @@ pub struct ServerShared {
     /// Failed logins, written to the administrative group in batches.
     pub lockouts: lockouts::LockoutBatcher,
     /// Set when the server stops: each connection closes once its request in hand is answered.
-    pub closing: tokio::sync::watch::Sender<bool>,
+    pub closing: malachi_consensus::watch::Sender<bool>,
 }
 
 impl ServerShared {
@@ -74,15 +74,19 @@ impl ServerShared {
             tokens,
             quotas: quota::Quotas::new(&config.security),
             lockouts: lockouts::LockoutBatcher::default(),
-            closing: tokio::sync::watch::Sender::new(false),
+            closing: malachi_consensus::watch::channel(false).0,
         }))
     }
 }
 
 /// Resolves once the server is stopping ([`ServerShared::closing`]).
-pub(crate) async fn closed(closing: &mut tokio::sync::watch::Receiver<bool>) {
-    // An error means the sender is gone: the server is gone, so is every reason to wait.
-    let _ = closing.wait_for(|closing| *closing).await;
+pub(crate) async fn closed(closing: &mut malachi_consensus::watch::Receiver<bool>) {
+    while !*closing.borrow() {
+        // An error means the sender is gone: the server is gone, so is every reason to wait.
+        if closing.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// A bound, not yet running server.
@@ -137,7 +141,7 @@ impl Server {
         // New connections are refused (a client tries another broker at once), and open ones
         // close as soon as the request each is serving is answered.
         drop(listener);
-        shared.closing.send_replace(true);
+        shared.closing.send_modify(|closing| *closing = true);
         let grace = Duration::from_millis(broker.config().shutdown_grace_ms);
         let drained =
             tokio::time::timeout(grace, async { while connections.join_next().await.is_some() {} })

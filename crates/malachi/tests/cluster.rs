@@ -749,15 +749,15 @@ async fn a_rolling_restart_with_sigterm_hands_the_work_over_and_loses_nothing() 
     let load = Load::start_with(&addresses, &topics, 6, ADMIN_PASSWORD, 1_200);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let mut windows = Vec::new();
-    for at in 0..members.len() {
+    for (at, member) in members.iter_mut().enumerate() {
         let begun = Instant::now();
-        assert!(members[at].terminate(), "broker {} did not exit cleanly on SIGTERM", at + 1);
-        let log = members[at].process.log();
+        assert!(member.terminate(), "broker {} did not exit cleanly on SIGTERM", at + 1);
+        let log = member.process.log();
         let report = log.lines().rev().find(|line| line.contains("handed this broker's work over"));
         let report = report.expect("the broker logged its hand-over");
         assert!(report.contains("heads_left: 0"), "heads were left behind: {report}");
-        members[at].start();
-        let back = members[at].admin().await;
+        member.start();
+        let back = member.admin().await;
         for node_id in 1..=3 {
             status_becomes(&back, node_id, 0).await;
         }
