@@ -137,6 +137,41 @@ async fn health_ready_and_metrics_tell_what_happened() {
     assert_eq!(sample(&samples, refused), 1.0);
 }
 
+/// `malachi health` (the image's health check) exits 0 only when `/ready` answers 200, and a
+/// client command writing into a closed pipe ends by SIGPIPE, as a Unix filter does, not by a
+/// panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malachi_health_asks_ready_and_a_closed_pipe_ends_a_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = Broker::start(dir.path(), &[]);
+    broker.wait_ready().await;
+    let malachi = || std::process::Command::new(env!("CARGO_BIN_EXE_malachi"));
+    let ready = malachi().args(["health", "--address", &broker.http()]).output().unwrap();
+    assert!(ready.status.success(), "{}", String::from_utf8_lossy(&ready.stderr));
+    assert_eq!(String::from_utf8_lossy(&ready.stdout), "ready\n");
+    let nobody = format!("127.0.0.1:{}", common::free_port());
+    let refused = malachi().args(["health", "--address", &nobody]).output().unwrap();
+    assert!(!refused.status.success(), "nothing listens on {nobody}");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains(&nobody), "the failure names the address: {said}");
+
+    let client = broker.process.connect().await;
+    client.create_topic("piped").await.unwrap();
+    client.produce("piped", vec![RecordBuilder::new("one").build()]).await.unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let consumed = malachi()
+        .args(["consume", "piped", "--server", &broker.process.address()])
+        .args(["--user", "app", "--password", common::PASSWORD])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    let said = String::from_utf8_lossy(&consumed.stderr);
+    assert_eq!(consumed.status.signal(), Some(libc::SIGPIPE), "{said}");
+    assert!(!said.contains("panicked"), "{said}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_needs_an_admin_session_and_guards_its_actions() {
     let dir = tempfile::tempdir().unwrap();
