@@ -119,8 +119,10 @@ impl Handover {
         if self.transport().is_none() {
             return report;
         }
+        let started_ms = self.clock.now_ms();
         self.note(self.node_id, true);
         report.brokers_told = self.announce(true).await;
+        tracing::info!(took_ms = self.clock.now_ms() - started_ms, "drain notices sent");
         (report.leaderships_moved, report.leaderships_kept) = self.move_leaderships().await;
         (report.heads_rolled, report.heads_left) = self.roll_heads_off().await;
         tracing::info!(?report, "handed this broker's work over");
@@ -185,13 +187,17 @@ impl Handover {
             tracing::warn!(group_id = group.group_id(), to, %error, "leadership transfer failed");
             return Some(false);
         }
+        let asked_ms = self.clock.now_ms();
         for _ in 0..LEADERSHIP_MOVE_MS / HANDOVER_POLL_MS {
             if !group.is_leader() {
-                return Some(true);
+                break;
             }
             tokio::time::sleep(Duration::from_millis(HANDOVER_POLL_MS)).await;
         }
-        Some(!group.is_leader())
+        let moved = !group.is_leader();
+        let waited_ms = self.clock.now_ms().saturating_sub(asked_ms);
+        tracing::info!(group_id = group.group_id(), to, moved, waited_ms, "leadership handed over");
+        Some(moved)
     }
 
     /// Asks a roll of every replicated head this broker is primary of, asking again each

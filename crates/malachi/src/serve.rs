@@ -181,9 +181,15 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     let console = start_console(&broker, server.shared()).await?;
     let maintenance = broker.spawn_maintenance();
     if broker.transport().is_some() {
-        // A notice this broker left with the others when it last stopped is withdrawn.
+        // A notice this broker left with the others when it last stopped is withdrawn once it
+        // is ready (its Raft groups caught up): until then it is made no head's primary.
         let broker = Arc::clone(&broker);
-        tokio::spawn(async move { broker.handover().withdraw().await });
+        tokio::spawn(async move {
+            while broker.observer().readiness().is_err() {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            broker.handover().withdraw().await;
+        });
     }
     let stop = async {
         let signalled = tokio::select! {

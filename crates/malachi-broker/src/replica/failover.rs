@@ -101,12 +101,11 @@ impl Replicator {
             )));
         }
         let replicas = self.replicas(key).unwrap_or_default();
-        let sealed = self.seal_copies_at(key, &replicas, info.end_offset).await;
         let wanted = quorum(replicas.len());
-        if sealed.len() < wanted {
+        let sealed = self.seal_quorum_at(key, &replicas, info.end_offset, wanted).await;
+        if sealed < wanted {
             return Err(LogError::NoQuorum(format!(
-                "{key:?}: {} of {} copies sealed at {}",
-                sealed.len(),
+                "{key:?}: {sealed} of {} copies sealed at {}",
                 replicas.len(),
                 info.end_offset
             )));
@@ -235,6 +234,32 @@ impl Replicator {
             }
         });
         join_all(seals).await.into_iter().flatten().collect()
+    }
+
+    /// Seals the copies on `nodes` at `end` until `wanted` of them did; how many did. A copy
+    /// whose broker is gone (a follower stopped, its host silent until the connect times out)
+    /// is not waited for once a quorum sealed: it is settled at the seal by healing, and a roll
+    /// does not stall producers for a connect timeout meanwhile.
+    async fn seal_quorum_at(
+        &self,
+        key: SegmentKey,
+        nodes: &[u64],
+        end: u64,
+        wanted: usize,
+    ) -> usize {
+        use futures_util::StreamExt;
+        let mut seals: futures_util::stream::FuturesUnordered<_> = nodes
+            .iter()
+            .map(|&node| async move { self.seal_copies_at(key, &[node], end).await })
+            .collect();
+        let mut sealed = 0;
+        while sealed < wanted {
+            let Some(copies) = seals.next().await else { break };
+            // Counted as `seal_copies_at` answers them (a copy that answered off the end is
+            // logged there and counted, as before).
+            sealed += copies.len();
+        }
+        sealed
     }
 
     /// Has the copy on `node` filled up to `end` from the copy on `source`; where it ends.
