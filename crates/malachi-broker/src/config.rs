@@ -199,6 +199,8 @@ pub fn join_host_port(host: &str, port: u16) -> String {
 pub const DEFAULT_BIND: &str = "127.0.0.1";
 
 /// The floor the original puts under the segment age threshold.
+/// Vnodes on a ring this broker creates, unless `MALACHI_LOG_VNODES` says otherwise.
+pub const VNODES_DEFAULT: u32 = 8;
 pub const SEGMENT_MAX_AGE_MS_MIN: u64 = 60_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -440,7 +442,7 @@ fn cluster_config(sources: &Sources<'_>) -> Result<ClusterConfig, ConfigError> {
         enabled,
         bind_address: sources.text("CLUSTER_BIND_ADDRESS").unwrap_or_else(|| bind.clone()),
         security: cluster_security(sources)?,
-        vnodes: vnodes(sources, enabled)?,
+        vnodes: vnodes(sources)?,
         port: sources.number("CLUSTER_PORT", 4042)?,
         gossip_port: sources.number("CLUSTER_GOSSIP_PORT", 45892)?,
         vnode_voters: vnode_voters(sources)?,
@@ -494,12 +496,15 @@ fn cluster_security(sources: &Sources<'_>) -> Result<ClusterSecurity, ConfigErro
     Ok(ClusterSecurity::Managed { token })
 }
 
-/// Vnodes on the ring: by default 8 for a cluster (with 3 to 5 brokers, 8 vnodes give every
-/// broker one to three vnodes to lead, so coordination and metadata writes spread, while each
-/// broker runs 8 groups' heartbeats, a few hundred small messages a second), and 1 for a broker
-/// alone, which gains nothing from more (one broker leads them all).
-fn vnodes(sources: &Sources<'_>, cluster: bool) -> Result<u32, ConfigError> {
-    let vnodes: u32 = sources.number("LOG_VNODES", if cluster { 8 } else { 1 })?;
+/// Vnodes on the ring: 8 by default, for a broker alone too. With 3 to 5 brokers, 8 vnodes give
+/// every broker one to three vnodes to lead, so coordination and metadata writes spread, while
+/// each broker runs 8 groups' heartbeats, a few hundred small messages a second. A broker alone
+/// gets the same ring because the ring keeps the size of its first start: the most common path,
+/// one broker that later grows into three, must not keep its topics in one group forever. Alone,
+/// the 8 groups cost nothing a client sees (one voter sends no heartbeats; their writes share
+/// the Raft store's batches).
+fn vnodes(sources: &Sources<'_>) -> Result<u32, ConfigError> {
+    let vnodes: u32 = sources.number("LOG_VNODES", VNODES_DEFAULT)?;
     malachi_meta::ring::check_ring(vnodes).map_err(|problem| ConfigError::OutOfRange {
         name: "MALACHI_LOG_VNODES".into(),
         problem,

@@ -349,7 +349,10 @@ fn read_header(file: &dyn StorageFile) -> io::Result<(u64, u64)> {
         HEADER_VERSION => {
             Ok((sequence, u64::from_le_bytes(header[16..24].try_into().expect("eight bytes"))))
         }
-        _ => Err(damaged("unsupported version")),
+        newer => Err(damaged(&format!(
+            "version {newer}, and this release reads versions 1 to {HEADER_VERSION}: the \
+             directory was written by a newer release, which must open it"
+        ))),
     }
 }
 

@@ -14,6 +14,9 @@ use malachi_broker::auth::{Entropy, OsEntropy};
 
 /// The identity file's name in the data directory.
 pub const IDENTITY_FILE: &str = "identity";
+/// The identity file's format. A file without `format` is version 1 (the first release wrote
+/// none); a later version is refused by name, so an older release never misreads a newer file.
+pub const IDENTITY_FORMAT: i64 = 1;
 /// The id a broker takes when nothing chooses one (and the one every older directory used).
 pub const DEFAULT_NODE_ID: u64 = 1;
 
@@ -107,13 +110,23 @@ pub fn load_or_create(
 fn format(identity: &NodeIdentity) -> String {
     format!(
         "# This broker's identity, recorded at its first boot. Do not edit or copy it.\n\
-         node_id = {}\ncluster_id = \"{}\"\n",
+         format = {IDENTITY_FORMAT}\nnode_id = {}\ncluster_id = \"{}\"\n",
         identity.node_id, identity.cluster_id
     )
 }
 
 fn parse(text: &str) -> Result<NodeIdentity, String> {
     let table: toml::Table = text.parse().map_err(|error| format!("not TOML: {error}"))?;
+    match table.get("format").map(toml::Value::as_integer) {
+        None | Some(Some(IDENTITY_FORMAT)) => {}
+        Some(Some(newer)) if newer > IDENTITY_FORMAT => {
+            return Err(format!(
+                "format {newer}, and this release reads format {IDENTITY_FORMAT}: the directory \
+                 was written by a newer release, which must open it"
+            ));
+        }
+        Some(_) => return Err(format!("format is not a version of 1 to {IDENTITY_FORMAT}")),
+    }
     let node_id = table
         .get("node_id")
         .and_then(toml::Value::as_integer)
@@ -217,6 +230,11 @@ mod tests {
             ("node_id = 0\ncluster_id = \"00000000000000000000000000000000\"\n", "no node_id"),
             ("node_id = 3\ncluster_id = \"xyz\"\n", "no cluster_id"),
             ("node_id = = 3", "not TOML"),
+            (
+                "format = 2\nnode_id = 3\ncluster_id = \"00000000000000000000000000000000\"\n",
+                "format 2",
+            ),
+            ("format = \"one\"\nnode_id = 3\n", "format is not a version"),
         ];
         for (text, problem) in cases {
             std::fs::write(dir.path().join(IDENTITY_FILE), text).unwrap();

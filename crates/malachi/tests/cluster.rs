@@ -1382,3 +1382,88 @@ fn find_dir_holding(dir: &std::path::Path, name: &str) -> Option<std::path::Path
     }
     None
 }
+
+/// The most common path to a cluster: one broker started alone with nothing configured, later
+/// restarted with an inter-node port and joined by two more. Its topics' metadata ends spread
+/// over vnodes led by all three (the ring of a broker alone has the cluster's size from its
+/// first start), and every topic reads back whole through every broker, also while it grows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_started_alone_grows_into_three_with_its_metadata_spread() {
+    let dir = tempfile::tempdir().unwrap();
+    let topics: Vec<String> = (0..8).map(|n| format!("grown{n}")).collect();
+    let alone = BrokerProcess::new(&dir.path().join("n1"));
+    std::fs::create_dir_all(&alone.dir).unwrap();
+    let mut process = alone.spawn();
+    let client = alone.connect_as("admin", ADMIN_PASSWORD).await;
+    for topic in &topics {
+        create_topic(&client, topic, 1).await;
+        produce_and_read_back(&client, topic, 20).await;
+    }
+    process.kill().unwrap();
+    process.wait().unwrap();
+
+    let ports = [free_port(), free_port(), free_port()];
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| {
+            let seed = (i > 0).then_some(ports[0]);
+            Member::new(&dir.path().join(format!("n{}", i + 1)), i as u64 + 1, ports[i], seed)
+        })
+        .collect();
+    members[0].start();
+    let first = members[0].admin().await;
+    let reads = Reads::start(members[0].process.address(), topics.clone());
+    members[1].start();
+    members[2].start();
+    let mut clients = Vec::new();
+    for member in &members {
+        clients.push(member.admin().await);
+    }
+    common::cluster_ready(&clients, &[1, 2, 3]).await;
+    let status = leadership_spread(&first, 3).await;
+    let leaders: std::collections::BTreeSet<u64> =
+        topics.iter().map(|topic| leader_of(&status, topic)).collect();
+    assert!(leaders.len() >= 2, "the topics' vnodes are led by one broker: {leaders:?}");
+    let failures = reads.stop().await;
+    assert!(failures.is_empty(), "a topic was unreadable while the cluster grew: {failures:?}");
+    for (at, client) in clients.iter().enumerate() {
+        for topic in &topics {
+            let (records, _) = common::drain(client, topic, None).await;
+            assert_eq!(records.len(), 20, "{topic} through broker {}", at + 1);
+        }
+    }
+}
+
+/// Reads every topic through one broker in a loop until stopped, keeping each failure that is
+/// not retryable (an election's `metadata_unavailable` is, as for any client).
+struct Reads {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Reads {
+    fn start(address: String, topics: Vec<String>) -> Reads {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let client = common::connect_to(&address, "admin", ADMIN_PASSWORD).await.unwrap();
+            let mut failures = Vec::new();
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                for topic in &topics {
+                    match try_drain(&client, topic).await {
+                        Ok(20) => {}
+                        Ok(other) => failures.push(format!("{topic}: {other} records")),
+                        Err(error) if error.is_retryable() => {}
+                        Err(error) => failures.push(format!("{topic}: {error}")),
+                    }
+                }
+            }
+            failures
+        });
+        Reads { stop, task }
+    }
+
+    async fn stop(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}

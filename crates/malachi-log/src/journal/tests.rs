@@ -412,3 +412,26 @@ fn a_batch_whose_write_behind_failed_is_never_replayed_over_later_ones() {
     let last = read.records.last().unwrap();
     assert!(String::from_utf8_lossy(&last.record.value).starts_with("late-0"), "{last:?}");
 }
+
+/// A journal whose header a newer release wrote (a version after this one's) is refused by
+/// name, with the file untouched: replaying entries of a layout this release does not know could
+/// write garbage into segment files.
+#[test]
+fn a_journal_of_a_newer_release_is_refused_and_left_alone() {
+    let (_sim, storage) = sim_with_root(9);
+    drop(Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap());
+    let path = root().join(JOURNAL_FILE);
+    let file = storage.open(&path, OpenMode::Existing).unwrap();
+    let mut header = [0u8; 32];
+    file.read_at(&mut header, 0).unwrap();
+    header[4..6].copy_from_slice(&(HEADER_VERSION + 1).to_le_bytes());
+    let crc = crc32c::crc32c(&header[0..24]);
+    header[24..28].copy_from_slice(&crc.to_le_bytes());
+    file.write_all_at(&[&header], 0).unwrap();
+    file.sync_data().unwrap();
+    let refused = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).err().expect("refused");
+    assert!(refused.to_string().contains("written by a newer release"), "{refused}");
+    let mut after = [0u8; 32];
+    file.read_at(&mut after, 0).unwrap();
+    assert_eq!(after, header, "the header is left as the newer release wrote it");
+}
