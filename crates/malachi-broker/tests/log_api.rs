@@ -243,11 +243,12 @@ async fn a_lost_segment_file_is_damage_not_expiry() {
     broker.create_topic("lost", None, None).await.unwrap();
     let batch = || (0..5).map(|at| record("k", format!("v{at}"))).collect::<Vec<_>>();
     broker.produce("lost", batch(), &mut Spread::default()).await.unwrap();
-    broker.roll(1, 0).await.unwrap();
+    let topic_id = broker.topic_named("lost").unwrap().topic_id;
+    broker.roll(topic_id, 0).await.unwrap();
     broker.produce("lost", batch(), &mut Spread::default()).await.unwrap();
     broker.shutdown().await;
     drop(broker);
-    let range_dir = dir.path().join("topics").join("1").join("0");
+    let range_dir = dir.path().join("topics").join(topic_id.to_string()).join("0");
     let mut files: Vec<_> = std::fs::read_dir(&range_dir)
         .unwrap()
         .map(|entry| entry.unwrap().path())
@@ -274,12 +275,13 @@ async fn a_delete_interrupted_before_its_files_went_finishes_later() {
     let broker = open(dir.path()).await;
     broker.create_topic("gone", Some(4), None).await.unwrap();
     broker.produce("gone", vec![record("k", "v".into())], &mut Spread::default()).await.unwrap();
+    let topic_id = broker.topic_named("gone").unwrap().topic_id;
     // Metadata forgets the topic; the process "dies" before it deletes a single file.
     let command = malachi_meta::MetaCommand::DeleteTopic { name: "gone".into() };
     broker.ring().named("gone").group.propose(command).await.unwrap().unwrap();
     broker.shutdown().await;
     drop(broker);
-    let topic_dir = dir.path().join("topics").join("1");
+    let topic_dir = dir.path().join("topics").join(topic_id.to_string());
     let segment_files = |dir: &std::path::Path| -> usize {
         walk(dir).iter().filter(|path| path.extension().is_some_and(|ext| ext == "seg")).count()
     };

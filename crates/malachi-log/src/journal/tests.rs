@@ -429,7 +429,9 @@ fn a_journal_of_a_newer_release_is_refused_and_left_alone() {
     header[24..28].copy_from_slice(&crc.to_le_bytes());
     file.write_all_at(&[&header], 0).unwrap();
     file.sync_data().unwrap();
-    let refused = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).err().expect("refused");
+    let Err(refused) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN) else {
+        panic!("a journal of a newer release was opened");
+    };
     assert!(refused.to_string().contains("written by a newer release"), "{refused}");
     let mut after = [0u8; 32];
     file.read_at(&mut after, 0).unwrap();
