@@ -5,11 +5,15 @@
 //! (its copies stay followers: a head it follows loses one of three copies while it is away,
 //! not its quorum), and its caller then closes the client port and the data directory.
 //!
+//! `drain_broker` (`malachi cluster drain`) runs the same hand-over on a broker that goes on
+//! serving, for maintenance: its notice is renewed until it takes work again or restarts.
+//!
 //! A drain notice is a hint, not metadata: it lives in each broker's memory, lapses after
 //! [`DRAIN_NOTICE_MS`] unless renewed, and is withdrawn by the broker when it starts again. A
 //! broker of an older release answers the call as unknown and simply keeps placing as before.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +27,14 @@ use crate::peer::PeerCall;
 /// broker coming back is not made primary before it has caught up; short enough that a broker
 /// that died while draining (and never withdrew it) is a normal candidate again soon.
 pub const DRAIN_NOTICE_MS: u64 = 60_000;
+
+/// How often a broker drained for maintenance renews its notice: three times per notice, so one
+/// lost renewal does not let it lapse.
+const RENEW_NOTICE_MS: u64 = DRAIN_NOTICE_MS / 3;
+
+/// How long the broker named by `drain_broker` is given to hand its work over and answer: its
+/// leaderships (3 s each at most) and its heads (10 s at most) with room to spare.
+const DRAIN_CALL_MS: u64 = 120_000;
 
 /// How long one broker is given to answer a drain notice.
 const NOTICE_CALL_MS: u64 = 1_000;
@@ -71,8 +83,8 @@ impl DrainNotices {
     }
 }
 
-/// What a hand-over moved, for the log.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a hand-over moved, for the log (and, for `drain_broker`, the answer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HandoverReport {
     pub brokers_told: usize,
     pub leaderships_moved: usize,
@@ -81,16 +93,89 @@ pub struct HandoverReport {
     pub heads_left: usize,
 }
 
+/// Why `drain_broker` did not drain the broker it names.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("no broker {0} is registered")]
+    NoSuchBroker(u64),
+    #[error("broker {node_id} did not answer: {detail}")]
+    Unreachable { node_id: u64, detail: String },
+}
+
+impl DrainError {
+    /// The wire reason.
+    pub fn reason(&self) -> malachi_reason::Reason {
+        match self {
+            DrainError::NoSuchBroker(_) => malachi_reason::Reason::NoSuchBroker,
+            DrainError::Unreachable { .. } => malachi_reason::Reason::BrokerUnreachable,
+        }
+    }
+}
+
 pub struct Handover {
     core: Arc<Core>,
     notices: Mutex<DrainNotices>,
+    /// Drained for maintenance (`drain_broker`): the notice is renewed while this holds.
+    maintenance: AtomicBool,
+    renewed_ms: AtomicU64,
 }
 
 services_on_core!(Handover);
 
 impl Handover {
     pub(crate) fn new(core: Arc<Core>) -> Handover {
-        Handover { core, notices: Mutex::default() }
+        Handover {
+            core,
+            notices: Mutex::default(),
+            maintenance: AtomicBool::new(false),
+            renewed_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// `drain_broker` on this broker: hands the work over and keeps serving (`draining`), or
+    /// takes work again. What moved (nothing, when taking work again).
+    pub async fn drain(&self, draining: bool) -> HandoverReport {
+        self.maintenance.store(draining, Ordering::Relaxed);
+        if !draining {
+            self.withdraw().await;
+            tracing::info!("taking work again: the drain notice is withdrawn");
+            return HandoverReport::default();
+        }
+        self.renewed_ms.store(self.clock.now_ms(), Ordering::Relaxed);
+        self.hand_over().await
+    }
+
+    /// `drain_broker` through this broker: drains (or undrains) broker `node_id`, this one
+    /// or another, which is asked over the inter-node port.
+    pub async fn drain_broker(
+        &self,
+        node_id: u64,
+        draining: bool,
+    ) -> Result<HandoverReport, DrainError> {
+        if node_id == self.node_id {
+            return Ok(self.drain(draining).await);
+        }
+        let registered = self.read_admin(|admin| admin.broker(node_id).is_some());
+        let Some(transport) = self.transport().filter(|_| registered) else {
+            return Err(DrainError::NoSuchBroker(node_id));
+        };
+        let unreachable = |detail: String| DrainError::Unreachable { node_id, detail };
+        let request = PeerCall::HandOver { draining }.encode();
+        let answer = transport.call(node_id, request, Duration::from_millis(DRAIN_CALL_MS)).await;
+        let answer = answer.map_err(|error| unreachable(error.to_string()))?;
+        serde_json::from_slice(&answer).map_err(|error| unreachable(error.to_string()))
+    }
+
+    /// Renews this broker's drain notice with the others when it is drained for maintenance and
+    /// the last renewal is [`RENEW_NOTICE_MS`] old (called on every maintenance tick).
+    pub(crate) async fn renew_once(&self) {
+        let now_ms = self.clock.now_ms();
+        let due = now_ms >= self.renewed_ms.load(Ordering::Relaxed) + RENEW_NOTICE_MS;
+        if self.maintenance.load(Ordering::Relaxed) && due {
+            self.renewed_ms.store(now_ms, Ordering::Relaxed);
+            self.note(self.node_id, true);
+            self.announce(true).await;
+        }
     }
 
     /// Records `node_id`'s drain notice (or its withdrawal).

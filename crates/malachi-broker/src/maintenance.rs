@@ -29,6 +29,7 @@ impl Broker {
                 broker.seats.reconcile_seats().await;
                 broker.coordination.coordinate_once().await;
                 broker.healer.scrub_once().await;
+                broker.handover.renew_once().await;
                 let now_ms = broker.clock.now_ms();
                 broker.groups.prune(now_ms);
                 // Dropped copies are deleted on the next tick, not the next retention pass: a

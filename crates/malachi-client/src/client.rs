@@ -106,6 +106,9 @@ pub struct Client {
 /// it (wire-protocol.md section 7 item 1).
 const CREATE_TOPIC_KEYSPACE_BITS: u8 = 8;
 
+/// How long `drain_broker` waits for its answer.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(150);
+
 macro_rules! call {
     ($client:expr, $variant:ident($request:expr)) => {
         match $client.request(Request::$variant($request)).await? {
@@ -568,6 +571,21 @@ impl Client {
     pub async fn remove_broker(&self, node_id: u64, force: bool) -> Result<(), ClientError> {
         call!(self, RemoveBroker(RemoveBrokerRequest { node_id, force }));
         Ok(())
+    }
+
+    /// Key 74 (admin): broker `node_id` hands its work over and keeps serving (`draining`), or
+    /// takes work again; what it moved. Any broker answers. A hand-over takes seconds (each
+    /// Raft leadership and write head moved in turn), so this waits up to two minutes.
+    pub async fn drain_broker(
+        &self,
+        node_id: u64,
+        draining: bool,
+    ) -> Result<DrainBrokerResponse, ClientError> {
+        let request = Request::DrainBroker(DrainBrokerRequest { node_id, draining });
+        match self.request_within(request, DRAIN_TIMEOUT).await? {
+            Response::DrainBroker(report) => Ok(report),
+            other => Err(unexpected(other)),
+        }
     }
 
     #[cfg(test)]

@@ -48,8 +48,9 @@ pub use tls::TlsOptions;
 /// The wire types the client's methods take and return.
 pub use malachi_wire::messages::{
     ClusterBroker, ClusterGroup, ClusterStateResponse, ClusterStatusResponse, CopyDescription,
-    DescribeSegmentsResponse, DescribeTopicResponse, EffectiveField, GroupLagDescription,
-    GroupLagResponse, LagStanding, NamedPolicy, Origin, RangeDescription, RangeLagDescription,
-    RangeState, Resolution, SegmentDescription, SegmentState, TopicPolicyResponse,
+    DescribeSegmentsResponse, DescribeTopicResponse, DrainBrokerResponse, EffectiveField,
+    GroupLagDescription, GroupLagResponse, LagStanding, NamedPolicy, Origin, RangeDescription,
+    RangeLagDescription, RangeState, Resolution, SegmentDescription, SegmentState,
+    TopicPolicyResponse,
 };
 pub use malachi_wire::{Header, PolicyField, PolicyValue, Reason, Record, Request, Response};

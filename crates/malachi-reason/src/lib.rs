@@ -150,6 +150,8 @@ reasons! {
     BrokerHoldsSegments = "broker_holds_segments",
     /// Malachi: `remove_broker` sent to the broker it names; send it through another.
     CannotRemoveSelf = "cannot_remove_self",
+    /// Malachi: `drain_broker` names a broker that did not answer the broker asking it.
+    BrokerUnreachable = "broker_unreachable",
     /// Malachi: the live brokers cannot hold a new segment's replicas under the hard
     /// placement constraints (`MALACHI_LOG_PLACEMENT_POLICY=hard`); retry once more are up.
     PlacementUnmet = "placement_unmet",
@@ -222,6 +224,7 @@ impl Reason {
                 | Reason::Unavailable
                 | Reason::Unfenced
                 | Reason::PlacementUnmet
+                | Reason::BrokerUnreachable
                 // The store recovers a failed file on its next use, and retention frees a full
                 // disk: both pass, and in a cluster the retry may reach other copies.
                 | Reason::StorageFailed

@@ -7,9 +7,9 @@ use malachi_meta::Operation;
 use malachi_wire::limits::ENVELOPE_BYTES;
 use malachi_wire::messages::{
     ClusterBroker, ClusterGroup, ClusterStatusResponse, CopyDescription, DescribeSegmentsResponse,
-    DescribeTopicResponse, Empty, GroupLagDescription, GroupLagResponse, LagStanding,
-    ListTopicsResponse, MergeRangesResponse, RangeDescription, RangeLagDescription, RangeState,
-    SegmentDescription, SegmentState, SplitRangeResponse,
+    DescribeTopicResponse, DrainBrokerResponse, Empty, GroupLagDescription, GroupLagResponse,
+    LagStanding, ListTopicsResponse, MergeRangesResponse, RangeDescription, RangeLagDescription,
+    RangeState, SegmentDescription, SegmentState, SplitRangeResponse,
 };
 use malachi_wire::{Reason, Request, Response, Wire};
 
@@ -62,11 +62,33 @@ pub(crate) async fn handle(connection: &mut Connection, corr: u32, request: Requ
                 }
             }
         }
+        Request::DrainBroker(request) => {
+            let handover = connection.broker.handover();
+            match handover.drain_broker(request.node_id, request.draining).await {
+                Ok(report) => Ok(Response::DrainBroker(drained(report))),
+                Err(error) => {
+                    tracing::info!(node_id = request.node_id, %error, "drain_broker refused");
+                    Err(error.reason().to_string())
+                }
+            }
+        }
         _ => Err(Reason::UnknownApiKey.as_str().to_string()),
     };
     match outcome {
         Ok(response) => Connection::reply(corr, response),
         Err(reason) => Connection::refuse(corr, reason),
+    }
+}
+
+/// A hand-over's counts as `drain_broker` answers them.
+fn drained(report: malachi_broker::handover::HandoverReport) -> DrainBrokerResponse {
+    let count = |count: usize| u32::try_from(count).unwrap_or(u32::MAX);
+    DrainBrokerResponse {
+        brokers_told: count(report.brokers_told),
+        leaderships_moved: count(report.leaderships_moved),
+        leaderships_kept: count(report.leaderships_kept),
+        heads_rolled: count(report.heads_rolled),
+        heads_left: count(report.heads_left),
     }
 }
 

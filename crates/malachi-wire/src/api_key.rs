@@ -84,6 +84,7 @@ api_keys! {
     RemoveBroker = 71 "remove_broker",
     DescribeSegments = 72 "describe_segments",
     GroupLag = 73 "group_lag",
+    DrainBroker = 74 "drain_broker",
 }
 
 impl ApiKey {
@@ -97,16 +98,16 @@ impl ApiKey {
         matches!(self, ApiKey::Auth | ApiKey::MtlsAuth | ApiKey::TokenAuth)
     }
 
-    /// Keys 8–11 and 14–23, and our 66–68 (delete, split, merge), 70 (cluster status) and 71
-    /// (remove broker). Section 3.0: for these the
+    /// Keys 8–11 and 14–23, and our 66–68 (delete, split, merge), 70 (cluster status), 71
+    /// (remove broker) and 74 (drain broker). Section 3.0: for these the
     /// server checks `admin` before decoding the payload, so a non-admin gets
     /// `permission_denied` even for a garbled payload. Keys 1–7 decode first and check
     /// permissions after.
     pub const fn requires_admin(self) -> bool {
-        matches!(self.as_u16(), 8..=11 | 14..=23 | 66..=68 | 70 | 71)
+        matches!(self.as_u16(), 8..=11 | 14..=23 | 66..=68 | 70 | 71 | 74)
     }
 
-    /// Malachi's own keys (64..=73), which the original protocol does not have.
+    /// Malachi's own keys (64..=74), which the original protocol does not have.
     pub const fn is_extension(self) -> bool {
         self.as_u16() >= ApiKey::ListTopics.as_u16()
     }
@@ -171,6 +172,7 @@ mod tests {
             (ApiKey::RemoveBroker, false, true, true),
             (ApiKey::DescribeSegments, false, false, true),
             (ApiKey::GroupLag, false, false, true),
+            (ApiKey::DrainBroker, false, true, true),
         ];
         for (key, auth, admin, reply) in cases {
             assert_eq!(key.is_auth(), *auth, "{key}");
@@ -178,6 +180,6 @@ mod tests {
             assert_eq!(key.has_reply(), *reply, "{key}");
         }
         let admin_count = ApiKey::ALL.iter().filter(|key| key.requires_admin()).count();
-        assert_eq!(admin_count, 14 + 5, "8-11, 14-23, 66-68, 70 and 71");
+        assert_eq!(admin_count, 14 + 6, "8-11, 14-23, 66-68, 70, 71 and 74");
     }
 }

@@ -197,6 +197,11 @@ pub(crate) fn arb_request_for(key: ApiKey) -> BoxedStrategy<Request> {
         ApiKey::GroupLag => (opt_str(), opt_str())
             .prop_map(|(topic, group)| Request::GroupLag(GroupLagRequest { topic, group }))
             .boxed(),
+        ApiKey::DrainBroker => (any::<u64>(), any::<bool>())
+            .prop_map(|(node_id, draining)| {
+                Request::DrainBroker(DrainBrokerRequest { node_id, draining })
+            })
+            .boxed(),
     }
 }
 
@@ -338,6 +343,19 @@ pub(crate) fn arb_response_for(key: ApiKey) -> BoxedStrategy<Response> {
             arb_describe_segments().prop_map(Response::DescribeSegments).boxed()
         }
         ApiKey::GroupLag => arb_group_lag().prop_map(Response::GroupLag).boxed(),
+        ApiKey::DrainBroker => {
+            (any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>(), any::<u32>())
+                .prop_map(|(told, moved, kept, rolled, left)| {
+                    Response::DrainBroker(DrainBrokerResponse {
+                        brokers_told: told,
+                        leaderships_moved: moved,
+                        leaderships_kept: kept,
+                        heads_rolled: rolled,
+                        heads_left: left,
+                    })
+                })
+                .boxed()
+        }
         ApiKey::StreamAck | ApiKey::Append | ApiKey::ConsumeAck => {
             unreachable!("{key} has no ok reply; callers filter with has_reply")
         }

@@ -282,6 +282,25 @@ fn vectors() -> Vec<(&'static str, &'static str, Golden)> {
             ok(29, Response::GroupLag(lag_described())),
         ),
         (
+            "E20 drain_broker request, broker 2, draining",
+            "0000000f 004a 0000001e 0000000000000002 01",
+            request(30, Request::DrainBroker(DrainBrokerRequest { node_id: 2, draining: true })),
+        ),
+        (
+            "E21 drain_broker ok: 2 told, 4 moved, 3 rolled",
+            "0000001a 0000001e 0000 00000002 00000004 00000000 00000003 00000000",
+            ok(
+                30,
+                Response::DrainBroker(DrainBrokerResponse {
+                    brokers_told: 2,
+                    leaderships_moved: 4,
+                    leaderships_kept: 0,
+                    heads_rolled: 3,
+                    heads_left: 0,
+                }),
+            ),
+        ),
+        (
             "E13 split_range refused",
             "00000016 00000017 0001 01 0000000b 6e6f745f62756464696573",
             Golden::Response(

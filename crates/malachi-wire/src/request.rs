@@ -105,6 +105,7 @@ requests! {
     RemoveBroker(RemoveBrokerRequest),
     DescribeSegments(DescribeSegmentsRequest),
     GroupLag(GroupLagRequest),
+    DrainBroker(DrainBrokerRequest),
 }
 
 /// A request body split into its envelope fields, the payload not yet decoded.

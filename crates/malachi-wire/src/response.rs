@@ -107,6 +107,7 @@ responses! {
         RemoveBroker(Empty),
         DescribeSegments(DescribeSegmentsResponse),
         GroupLag(GroupLagResponse),
+        DrainBroker(DrainBrokerResponse),
     }
     no_reply { StreamAck, Append, ConsumeAck }
 }

@@ -1467,3 +1467,57 @@ impl Reads {
         self.task.await.unwrap()
     }
 }
+
+/// `malachi cluster drain` through another broker: the drained broker hands its Raft
+/// leaderships and the write heads it is primary of to the others and keeps serving clients;
+/// once undrained, leadership spreads back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_broker_leads_nothing_serves_on_and_takes_work_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let members = start_cluster(dir.path(), 3).await;
+    let client = members[0].admin().await;
+    create_topic(&client, "drained", 4).await;
+    produce_and_read_back(&client, "drained", 40).await;
+    leadership_spread(&client, 3).await;
+    let primaries = |segments: &malachi_client::DescribeSegmentsResponse| -> Vec<u64> {
+        let active = segments.segments.iter().filter(|s| s.state == SegmentState::Active);
+        active.map(|segment| segment.copies[0].node_id).collect()
+    };
+
+    // The primary of a head is drained, through another broker.
+    let target = primaries(&client.describe_segments("drained").await.unwrap())[0];
+    let asking = members[target as usize % 3].admin().await;
+    let report = asking.drain_broker(target, true).await.unwrap();
+    eprintln!("drained broker {target}: {report:?}");
+    assert_eq!((report.brokers_told, report.leaderships_kept, report.heads_left), (2, 0, 0));
+    assert!(report.leaderships_moved > 0, "every broker led vnodes after the spread: {report:?}");
+    assert!(report.heads_rolled > 0, "broker {target} was a head's primary: {report:?}");
+    let drained = members[target as usize - 1].admin().await;
+    eventually("the drained broker leads no group and is no head's primary", || async {
+        let status = drained.cluster_status().await.map_err(|error| error.to_string())?;
+        let led: Vec<u64> =
+            status.groups.iter().filter(|g| g.leader == target).map(|g| g.group_id).collect();
+        let segments = drained.describe_segments("drained").await.map_err(|e| e.to_string())?;
+        let primaries = primaries(&segments);
+        if led.is_empty() && !primaries.contains(&target) && primaries.len() == 4 {
+            Ok(())
+        } else {
+            Err(format!("leads {led:?}; primaries {primaries:?}"))
+        }
+    })
+    .await;
+    create_topic(&drained, "drained-after", 2).await;
+    let records = (0..20).map(|i| RecordBuilder::new(format!("after-{i}")).build()).collect();
+    assert_eq!(drained.produce("drained-after", records).await.unwrap(), 20);
+    let segments = drained.describe_segments("drained-after").await.unwrap();
+    let primaries = primaries(&segments);
+    assert!(!primaries.contains(&target), "a new head's primary is the drained broker");
+    let (records, _) = common::drain(&drained, "drained", None).await;
+    assert_eq!(records.len(), 40, "the drained broker still serves reads");
+
+    let undrained = asking.drain_broker(target, false).await.unwrap();
+    assert_eq!(undrained.heads_rolled, 0, "taking work again moves nothing");
+    leadership_spread(&client, 3).await;
+    let missing = client.drain_broker(9, true).await.unwrap_err();
+    assert_eq!(missing.reason(), Some(malachi_client::Reason::NoSuchBroker), "{missing:?}");
+}

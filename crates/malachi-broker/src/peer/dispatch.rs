@@ -67,6 +67,7 @@ async fn dispatch(broker: &Broker, sender: u64, call: PeerCall) -> Result<Vec<u8
             broker.handover.note(sender, draining);
             Ok(Vec::new())
         }
+        PeerCall::HandOver { draining } => Ok(json(&broker.handover.drain(draining).await)),
         PeerCall::Data { key, call } => answer_data(broker, sender, key, call).await,
     }
 }

@@ -17,6 +17,7 @@
 //! | Cluster | 4, 5, 6 | [`PeerCall::Coordinate`] (roll, load, reshape) | an [`Ask`] (JSON) |
 //! | Cluster | 7 | [`PeerCall::Enroll`] | an `EnrollRequest` (JSON); the only call of a stranger |
 //! | Cluster | 8 | [`PeerCall::Draining`] | `{"draining": bool}` (JSON): the caller is (or is no longer) handing its work over |
+//! | Cluster | 9 | [`PeerCall::HandOver`] | `{"draining": bool}` (JSON): an operator asks the receiver to hand its work over and keep serving (`drain_broker`), or to take work again; answered with the `HandoverReport` (JSON) |
 //! | Data | 1..12 | [`PeerCall::Data`] | the segment key, then the [`DataCall`]'s fields |
 //!
 //! A data call's segment key is `topic_id` u64, `range_id` u32, `segment_id` u64. Records are
@@ -64,6 +65,7 @@ const CLUSTER_RESHAPE: u8 = 6;
 /// The enrollment's kind, public so a test can make the call a stranger may make.
 pub const CLUSTER_ENROLL: u8 = 7;
 const CLUSTER_DRAINING: u8 = 8;
+const CLUSTER_HAND_OVER: u8 = 9;
 
 /// Data call kinds.
 const DATA_APPEND: u8 = 1;
@@ -109,6 +111,11 @@ pub enum PeerCall {
     /// An operation on one segment's copy on the receiving broker.
     /// The caller is handing its work over before it stops (`handover.rs`), or is back.
     Draining {
+        draining: bool,
+    },
+    /// An operator, through the caller, asks the receiver to drain for maintenance (or to take
+    /// work again).
+    HandOver {
         draining: bool,
     },
     Data {
@@ -224,6 +231,9 @@ impl PeerCall {
             PeerCall::Draining { draining } => {
                 cluster(CLUSTER_DRAINING, 0, json(&DrainNotice { draining: *draining }))
             }
+            PeerCall::HandOver { draining } => {
+                cluster(CLUSTER_HAND_OVER, 0, json(&DrainNotice { draining: *draining }))
+            }
             PeerCall::Data { key, call } => Request {
                 service: Service::Data,
                 group_id: 0,
@@ -270,6 +280,7 @@ impl PeerCall {
             PeerCall::Coordinate { .. } => "coordinate",
             PeerCall::Enroll(_) => "enroll",
             PeerCall::Draining { .. } => "draining",
+            PeerCall::HandOver { .. } => "hand-over",
             PeerCall::Data { call, .. } => call.name(),
         }
     }
@@ -282,8 +293,10 @@ fn decode_cluster(
     kind: u8,
     payload: &[u8],
 ) -> Option<Result<PeerCall, PeerCallError>> {
-    let groupless =
-        matches!(kind, CLUSTER_WELCOME | CLUSTER_JOIN | CLUSTER_ENROLL | CLUSTER_DRAINING);
+    let groupless = matches!(
+        kind,
+        CLUSTER_WELCOME | CLUSTER_JOIN | CLUSTER_ENROLL | CLUSTER_DRAINING | CLUSTER_HAND_OVER
+    );
     if groupless && group_id != 0 {
         return Some(Err(malformed("cluster", "this call names no group")));
     }
@@ -310,6 +323,8 @@ fn decode_cluster(
         CLUSTER_ENROLL => from_json("enroll", payload).map(PeerCall::Enroll),
         CLUSTER_DRAINING => from_json("draining", payload)
             .map(|notice: DrainNotice| PeerCall::Draining { draining: notice.draining }),
+        CLUSTER_HAND_OVER => from_json("hand-over", payload)
+            .map(|notice: DrainNotice| PeerCall::HandOver { draining: notice.draining }),
         _ => return None,
     })
 }

@@ -87,6 +87,7 @@ fn call() -> impl Strategy<Value = PeerCall> {
             PeerCall::Enroll(EnrollRequest { node_id, cluster_address, proof })
         }),
         any::<bool>().prop_map(|draining| PeerCall::Draining { draining }),
+        any::<bool>().prop_map(|draining| PeerCall::HandOver { draining }),
         (key(), data_call()).prop_map(|(key, call)| PeerCall::Data { key, call }),
     ]
 }
@@ -153,6 +154,7 @@ fn kinds_are_one_table() {
         (PeerCall::Coordinate { group_id: 9, ask: Ask::Load { reporter: 1, rates: vec![] } }, 5),
         (PeerCall::Coordinate { group_id: 9, ask: Ask::Split { topic_id: 1, range_id: 0 } }, 6),
         (PeerCall::Draining { draining: true }, 8),
+        (PeerCall::HandOver { draining: false }, 9),
     ];
     for (call, kind) in cluster {
         let request = call.encode();

@@ -237,6 +237,65 @@ impl Wire for RemoveBrokerRequest {
     }
 }
 
+/// Key 74 (admin): a broker hands its work over and keeps serving (`draining` true), or takes
+/// work again (false). Sent to any broker, which asks the one it names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainBrokerRequest {
+    pub node_id: u64,
+    /// A byte other than 0 or 1 is malformed.
+    pub draining: bool,
+}
+
+impl Wire for DrainBrokerRequest {
+    const WIRE_BYTES_MIN: usize = 8 + 1;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u64(self.node_id);
+        writer.bool(self.draining);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(DrainBrokerRequest { node_id: reader.u64()?, draining: reader.bool()? })
+    }
+}
+
+/// Key 74's ok answer: what the drained broker moved (all 0 when work was taken again).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainBrokerResponse {
+    /// Brokers that heard its drain notice.
+    pub brokers_told: u32,
+    /// Raft groups whose leadership it handed to another voter, and those it still leads.
+    pub leaderships_moved: u32,
+    pub leaderships_kept: u32,
+    /// Write heads it was primary of that rolled onto other brokers, and those left.
+    pub heads_rolled: u32,
+    pub heads_left: u32,
+}
+
+impl Wire for DrainBrokerResponse {
+    const WIRE_BYTES_MIN: usize = 5 * 4;
+
+    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
+        writer.u32(self.brokers_told);
+        writer.u32(self.leaderships_moved);
+        writer.u32(self.leaderships_kept);
+        writer.u32(self.heads_rolled);
+        writer.u32(self.heads_left);
+        Ok(())
+    }
+
+    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
+        Ok(DrainBrokerResponse {
+            brokers_told: reader.u32()?,
+            leaderships_moved: reader.u32()?,
+            leaderships_kept: reader.u32()?,
+            heads_rolled: reader.u32()?,
+            heads_left: reader.u32()?,
+        })
+    }
+}
+
 /// Key 70's ok answer (the request payload must be empty): the cluster as the answering broker
 /// sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -710,6 +769,8 @@ mod tests {
         assert_minimal("ClusterBroker", &ClusterBroker::default());
         assert_minimal("ClusterGroup", &ClusterGroup::default());
         assert_minimal("RemoveBrokerRequest", &RemoveBrokerRequest::default());
+        assert_minimal("DrainBrokerRequest", &DrainBrokerRequest::default());
+        assert_minimal("DrainBrokerResponse", &DrainBrokerResponse::default());
         let segment = SegmentDescription {
             range_id: 0,
             segment_id: 0,

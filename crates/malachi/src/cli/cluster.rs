@@ -1,13 +1,14 @@
 //! `malachi cluster status`: the brokers of the cluster and its Raft groups, as the broker
 //! answering sees them (key 70, admin), then the segments that lack a copy (key 72 for every
-//! topic); `malachi cluster remove`: decommission one (key 71).
+//! topic); `malachi cluster remove`: decommission one (key 71); `malachi cluster drain` and
+//! `undrain`: a broker hands its work over for maintenance and takes it again (key 74).
 
 use std::collections::BTreeSet;
 
 use clap::Subcommand;
 use malachi_client::{
     ClusterBroker, ClusterGroup, ClusterStatusResponse, CopyDescription, DescribeSegmentsResponse,
-    SegmentDescription, SegmentState,
+    DrainBrokerResponse, SegmentDescription, SegmentState,
 };
 
 use super::Session;
@@ -38,6 +39,12 @@ enum ClusterCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Hand a broker's work over without stopping it, for maintenance: its Raft leaderships
+    /// move to other brokers, the write heads it is primary of roll onto others, and no new
+    /// head or leadership goes to it until `undrain` or its restart (admin; any broker).
+    Drain { broker: u64 },
+    /// Let a drained broker take work again: new heads and leaderships may go to it (admin).
+    Undrain { broker: u64 },
 }
 
 pub async fn run(args: ClusterArgs) -> Result<(), String> {
@@ -56,8 +63,34 @@ pub async fn run(args: ClusterArgs) -> Result<(), String> {
             removed.map_err(|error| session.fail("cluster remove", &error))?;
             println!("removed broker {broker} from the cluster");
         }
+        ClusterCommand::Drain { broker } => {
+            let drained = session.client.drain_broker(broker, true).await;
+            let report = drained.map_err(|error| session.fail("cluster drain", &error))?;
+            println!("{}", drain_text(broker, &report));
+        }
+        ClusterCommand::Undrain { broker } => {
+            let undrained = session.client.drain_broker(broker, false).await;
+            undrained.map_err(|error| session.fail("cluster undrain", &error))?;
+            println!("broker {broker} takes work again");
+        }
     }
     Ok(())
+}
+
+/// What a drain moved, and what it could not.
+fn drain_text(broker: u64, report: &DrainBrokerResponse) -> String {
+    let mut text = format!(
+        "broker {broker} drained: {} brokers told, {} Raft leaderships moved, {} write heads rolled",
+        report.brokers_told, report.leaderships_moved, report.heads_rolled
+    );
+    if report.leaderships_kept > 0 || report.heads_left > 0 {
+        text.push_str(&format!(
+            "
+not moved (no live, caught-up broker took them): {} leaderships, {} write heads",
+            report.leaderships_kept, report.heads_left
+        ));
+    }
+    text
 }
 
 /// The answering broker and the cluster id, then a table of brokers and one of groups.
