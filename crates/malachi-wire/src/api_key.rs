@@ -1,11 +1,11 @@
-//! The api keys 0..=34 of section 3, and Malachi's own 64..=73 (`docs/protocol.md`), with the
+//! The api keys 0..=34 of section 3, and Malachi's own 64..=74 (`docs/protocol.md`), with the
 //! facts a server needs before it decodes a payload.
 
 use std::fmt;
 
 macro_rules! api_keys {
     ($( $(#[$doc:meta])* $variant:ident = $value:literal $name:literal, )*) => {
-        /// A request's `api_key`. Values outside 0..=34 and 64..=73 are not representable: they
+        /// A request's `api_key`. Values outside 0..=34 and 64..=74 are not representable: they
         /// are [`crate::RequestError::UnknownApiKey`] at the envelope.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[repr(u16)]
@@ -14,7 +14,7 @@ macro_rules! api_keys {
         }
 
         impl ApiKey {
-            /// Every key, in numeric order: the original's 0..=34, then Malachi's 64..=73.
+            /// Every key, in numeric order: the original's 0..=34, then Malachi's 64..=74.
             pub const ALL: &'static [ApiKey] = &[$( ApiKey::$variant, )*];
 
             pub const fn from_u16(value: u16) -> Option<ApiKey> {
@@ -130,15 +130,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_dense_from_0_to_34_then_64_to_73() {
-        assert_eq!(ApiKey::ALL.len(), 35 + 10);
-        let values = (0_u16..=34).chain(64..=73);
+    fn keys_are_dense_from_0_to_34_then_64_to_74() {
+        assert_eq!(ApiKey::ALL.len(), 35 + 11);
+        let values = (0_u16..=34).chain(64..=74);
         for (value, key) in values.zip(ApiKey::ALL) {
             assert_eq!(key.as_u16(), value);
             assert_eq!(ApiKey::from_u16(value), Some(*key));
             assert_eq!(key.is_extension(), value >= 64, "{key}");
         }
-        for value in [35, 63, 74, 99, 0x00ff, u16::MAX] {
+        for value in [35, 63, 75, 99, 0x00ff, u16::MAX] {
             assert_eq!(ApiKey::from_u16(value), None);
         }
     }

@@ -1,4 +1,4 @@
-//! Golden vectors for Malachi's own keys 64–73, one request and one ok answer each, in the
+//! Golden vectors for Malachi's own keys 64–74, one request and one ok answer each, in the
 //! notation of section 6 (`docs/protocol.md` repeats them). Computed by a small independent
 //! Python encoder written from the layouts in `docs/protocol.md`; they pin the bytes so the
 //! server, the client and the document cannot drift apart.
@@ -379,9 +379,14 @@ fn extension_payloads_are_exact() {
             malformed(ApiKey::GroupLag, 7, DecodeError::Truncated { needed: 1, remaining: 0 }),
         ),
         (
-            "key 74 is unknown",
-            "004a 00000006",
-            RequestError::UnknownApiKey { api_key: 74, corr: 6 },
+            "drain_broker without its flag",
+            "004a 00000006 0000000000000002",
+            malformed(ApiKey::DrainBroker, 6, DecodeError::Truncated { needed: 1, remaining: 0 }),
+        ),
+        (
+            "key 75 is unknown",
+            "004b 00000006",
+            RequestError::UnknownApiKey { api_key: 75, corr: 6 },
         ),
     ];
     for (name, body, expected) in cases {
