@@ -17,6 +17,8 @@ pub type Acked = BTreeMap<String, Vec<u64>>;
 pub struct Load {
     acked: Arc<Mutex<Acked>>,
     acked_at: Arc<Mutex<Vec<Instant>>>,
+    /// The same, by producer.
+    producer_acks: Arc<Mutex<BTreeMap<usize, Vec<Instant>>>>,
     /// Produce calls that failed (each retried as a new batch after a reconnect).
     failures: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
@@ -43,6 +45,7 @@ impl Load {
     ) -> Load {
         let acked: Arc<Mutex<Acked>> = Arc::default();
         let acked_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        let producer_acks: Arc<Mutex<BTreeMap<usize, Vec<Instant>>>> = Arc::default();
         let failures: Arc<AtomicUsize> = Arc::default();
         let stop: Arc<AtomicBool> = Arc::default();
         let producers = (0..count)
@@ -51,6 +54,7 @@ impl Load {
                 let topic = topics[producer % topics.len()].to_string();
                 let password = password.to_string();
                 let (acked, acked_at) = (Arc::clone(&acked), Arc::clone(&acked_at));
+                let producer_acks = Arc::clone(&producer_acks);
                 let failures = Arc::clone(&failures);
                 let stop = Arc::clone(&stop);
                 tokio::spawn(async move {
@@ -76,7 +80,10 @@ impl Load {
                                 for key in &keys {
                                     acked.entry(key.clone()).or_default().push(sequence);
                                 }
-                                acked_at.lock().unwrap().push(Instant::now());
+                                let now = Instant::now();
+                                acked_at.lock().unwrap().push(now);
+                                let mut by_producer = producer_acks.lock().unwrap();
+                                by_producer.entry(producer).or_default().push(now);
                             }
                             Err(_) => {
                                 failures.fetch_add(1, Ordering::Relaxed);
@@ -91,12 +98,18 @@ impl Load {
                 })
             })
             .collect();
-        Load { acked, acked_at, failures, stop, producers }
+        Load { acked, acked_at, producer_acks, failures, stop, producers }
     }
 
     /// Records acknowledged so far.
     pub fn acked_count(&self) -> usize {
         self.acked.lock().unwrap().values().map(Vec::len).sum()
+    }
+
+    /// When each producer's acknowledgements came so far, in order.
+    #[allow(dead_code)] // Only some of the test binaries that share this module ask.
+    pub fn producer_acks(&self) -> BTreeMap<usize, Vec<Instant>> {
+        self.producer_acks.lock().unwrap().clone()
     }
 
     /// Produce calls that have failed so far.

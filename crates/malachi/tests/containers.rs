@@ -1,0 +1,303 @@
+//! The chaos drill on containers: three brokers of the image `scripts/build-image` makes (from
+//! the binary under test), on a Docker network of their own, under keyed produce load through
+//! every broker, while a schedule drawn from one seed fails them one at a time the ways
+//! containers fail:
+//!
+//! * `docker kill` (SIGKILL), then `docker start` on the same volume;
+//! * `docker pause` (the cgroup frozen: sockets open, nothing answered), then `unpause`;
+//! * `docker network disconnect` (cut off from brokers and clients alike), then `connect`;
+//! * `docker restart` (SIGTERM: the hand-over, then a start).
+//!
+//! For each event it prints the longest any producer waited for an acknowledgement; at the end
+//! every acknowledged record must read back through every broker, each key in order.
+//!
+//! CI runs a short drill (`MALACHI_CONTAINER_DRILL_SECS`, 30 s by default); the long one is a
+//! documented command of at least 100 events (docs/testing.md, "The chaos drill on containers"):
+//!
+//! ```sh
+//! MALACHI_CONTAINER_DRILL_SECS=1200 cargo nextest run -p malachi --test containers --no-capture
+//! ```
+//!
+//! `MALACHI_DRILL_SEED` replays a schedule. Needs a Docker engine and `objcopy` (binutils).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::load::{Load, assert_read_back};
+
+const ADMIN_PASSWORD: &str = "admin-password-long";
+const TOKEN: &str = "container-drill-token-0123456789abcdef";
+const BROKERS: usize = 3;
+const TOPICS: [&str; 2] = ["boxed1", "boxed2"];
+const DRILL_SECS_DEFAULT: u64 = 30;
+/// How long a fault is held, and the quiet after it, in milliseconds.
+const HOLD_MS: std::ops::Range<u64> = 500..5_000;
+const QUIET_MS: std::ops::Range<u64> = 1_000..3_000;
+/// How long the cluster may take to be whole again after the schedule, in seconds.
+const CONVERGE_S: u64 = 120;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Kill,
+    Pause,
+    Disconnect,
+    Restart,
+}
+
+const FAULTS: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Disconnect, Fault::Restart];
+
+/// A small seeded generator (SplitMix64): the schedule is a function of the seed.
+struct Schedule(u64);
+
+impl Schedule {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn within(&mut self, range: std::ops::Range<u64>) -> u64 {
+        range.start + self.next() % (range.end - range.start)
+    }
+}
+
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `docker` with `args`; its standard output, or a panic with its standard error.
+fn docker(args: &[&str]) -> String {
+    let output = Command::new("docker").args(args).output().expect("docker is installed");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "docker {args:?}: {stderr}");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// The drill's containers, network, volumes and image, removed when it ends (passed or not).
+struct Cluster {
+    prefix: String,
+    image: String,
+    network: String,
+    /// `10.x.y.` of the network: broker `i` (from 0) is `.(11 + i)`.
+    subnet: String,
+}
+
+impl Cluster {
+    fn create() -> Cluster {
+        let id = std::process::id();
+        let prefix = format!("malachi-drill-{id}");
+        let image = format!("{prefix}:test");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build-image");
+        let built = Command::new("bash")
+            .arg(script)
+            .arg(&image)
+            .env("MALACHI_BIN", env!("CARGO_BIN_EXE_malachi"))
+            .output()
+            .expect("bash runs scripts/build-image");
+        let stderr = String::from_utf8_lossy(&built.stderr);
+        assert!(built.status.success(), "scripts/build-image: {stderr}");
+        let subnet = format!("10.{}.{}.", 100 + id % 100, (id / 100) % 250);
+        let network = format!("{prefix}-net");
+        let cluster = Cluster { prefix, image, network, subnet };
+        let range = format!("--subnet={}0/24", cluster.subnet);
+        docker(&["network", "create", &range, &cluster.network]);
+        cluster
+    }
+
+    fn name(&self, broker: usize) -> String {
+        format!("{}-{}", self.prefix, broker + 1)
+    }
+
+    fn ip(&self, broker: usize) -> String {
+        format!("{}{}", self.subnet, 11 + broker)
+    }
+
+    fn address(&self, broker: usize) -> String {
+        format!("{}:4040", self.ip(broker))
+    }
+
+    fn run(&self, broker: usize) {
+        let env = |name: &str, value: &str| ["--env".to_string(), format!("{name}={value}")];
+        let mut args: Vec<String> = ["run", "--detach", "--name", &self.name(broker)]
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        args.extend(["--network".into(), self.network.clone(), "--ip".into(), self.ip(broker)]);
+        args.extend(["--volume".into(), format!("{}:/data", self.name(broker))]);
+        args.extend(env("MALACHI_CLUSTER_TOKEN", TOKEN));
+        args.extend(env("MALACHI_ADMIN_PASS", ADMIN_PASSWORD));
+        args.extend(env("MALACHI_CLUSTER_PORT", "4042"));
+        args.extend(env("MALACHI_NODE_ID", &(broker + 1).to_string()));
+        args.extend(env("MALACHI_ADVERTISE_HOST", &self.ip(broker)));
+        args.extend(env("MALACHI_AUTO_SPLIT_ENABLED", "false"));
+        if broker > 0 {
+            args.extend(env("MALACHI_LOG_NODES", &format!("{}:4042", self.ip(0))));
+        }
+        args.push(self.image.clone());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        docker(&args);
+    }
+
+    fn inflict(&self, broker: usize, fault: Fault) {
+        let name = self.name(broker);
+        match fault {
+            Fault::Kill => docker(&["kill", &name]),
+            Fault::Pause => docker(&["pause", &name]),
+            Fault::Disconnect => docker(&["network", "disconnect", &self.network, &name]),
+            Fault::Restart => docker(&["stop", "--time", "40", &name]),
+        };
+    }
+
+    fn undo(&self, broker: usize, fault: Fault) {
+        let name = self.name(broker);
+        match fault {
+            Fault::Kill | Fault::Restart => docker(&["start", &name]),
+            Fault::Pause => docker(&["unpause", &name]),
+            Fault::Disconnect => {
+                docker(&["network", "connect", "--ip", &self.ip(broker), &self.network, &name])
+            }
+        };
+    }
+
+    async fn admin(&self, broker: usize) -> malachi_client::Client {
+        common::connect_to(&self.address(broker), "admin", ADMIN_PASSWORD)
+            .await
+            .unwrap_or_else(|error| panic!("broker {}: {error}", broker + 1))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let quiet = |args: &[&str]| {
+            let _ = Command::new("docker").args(args).output();
+        };
+        for broker in 0..BROKERS {
+            let name = self.name(broker);
+            if std::thread::panicking() {
+                let logs = Command::new("docker").args(["logs", "--tail", "60", &name]).output();
+                if let Ok(logs) = logs {
+                    eprintln!("--- {name}\n{}", String::from_utf8_lossy(&logs.stderr));
+                }
+            }
+            quiet(&["rm", "--force", &name]);
+            quiet(&["volume", "rm", "--force", &name]);
+        }
+        quiet(&["network", "rm", &self.network]);
+        quiet(&["image", "rm", "--force", &self.image]);
+    }
+}
+
+/// The longest time between two acknowledgements (or from the window's start to the first)
+/// within `window`.
+fn longest_gap_in(acked_at: &[Instant], (from, to): (Instant, Instant)) -> Duration {
+    let mut last = from;
+    let mut longest = Duration::ZERO;
+    for &at in acked_at.iter().filter(|&&at| at > from && at <= to) {
+        longest = longest.max(at - last);
+        last = at;
+    }
+    longest.max(to.saturating_duration_since(last))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_container_chaos_drill_loses_nothing() {
+    let drill = Duration::from_secs(setting("MALACHI_CONTAINER_DRILL_SECS", DRILL_SECS_DEFAULT));
+    let clock_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let seed = setting("MALACHI_DRILL_SEED", clock_seed.unwrap().as_nanos() as u64 % 1_000_000);
+    eprintln!("container drill: seed {seed} (MALACHI_DRILL_SEED replays it), {drill:?}");
+    let mut schedule = Schedule(seed);
+    let cluster = Cluster::create();
+    for broker in 0..BROKERS {
+        cluster.run(broker);
+    }
+    let mut admins = Vec::new();
+    for broker in 0..BROKERS {
+        admins.push(cluster.admin(broker).await);
+    }
+    let everyone: Vec<u64> = (1..=BROKERS as u64).collect();
+    common::cluster_ready(&admins, &everyone).await;
+    for topic in TOPICS {
+        common::network::eventually("the topic is created", 30, || async {
+            match admins[0].create_topic_with_ranges(topic, 2).await {
+                Ok(_) => Ok(()),
+                Err(error) if error.reason() == Some(malachi_client::Reason::AlreadyExists) => {
+                    Ok(())
+                }
+                Err(error) => Err(error.to_string()),
+            }
+        })
+        .await;
+    }
+    let addresses: Vec<String> = (0..BROKERS).map(|broker| cluster.address(broker)).collect();
+    let load = Load::start_with(&addresses, &TOPICS, 2 * BROKERS, ADMIN_PASSWORD, 1_024);
+
+    let started = Instant::now();
+    let mut events: Vec<(Fault, usize, Instant, Instant)> = Vec::new();
+    while started.elapsed() < drill {
+        let fault = FAULTS[(schedule.next() % FAULTS.len() as u64) as usize];
+        let broker = (schedule.next() % BROKERS as u64) as usize;
+        let hold = Duration::from_millis(schedule.within(HOLD_MS));
+        eprintln!(
+            "t+{:.1}s {fault:?} broker {} for {hold:?} ({} acknowledged so far)",
+            started.elapsed().as_secs_f64(),
+            broker + 1,
+            load.acked_count()
+        );
+        let begun = Instant::now();
+        cluster.inflict(broker, fault);
+        tokio::time::sleep(hold).await;
+        cluster.undo(broker, fault);
+        // The event lasts until the broker is back in the cluster as every broker sees it.
+        let back = cluster.admin(broker).await;
+        common::cluster_ready(std::slice::from_ref(&back), &everyone).await;
+        events.push((fault, broker, begun, Instant::now()));
+        tokio::time::sleep(Duration::from_millis(schedule.within(QUIET_MS))).await;
+    }
+
+    let mut clients = Vec::new();
+    for broker in 0..BROKERS {
+        clients.push(cluster.admin(broker).await);
+    }
+    common::cluster_ready(&clients, &everyone).await;
+    for (broker, client) in clients.iter().enumerate() {
+        common::network::eventually("produce through every broker", CONVERGE_S, || async {
+            let record = malachi_client::RecordBuilder::new(format!("after/{broker}=0")).build();
+            let topic = TOPICS[broker % TOPICS.len()];
+            client.produce(topic, vec![record]).await.map(drop).map_err(|e| e.to_string())
+        })
+        .await;
+    }
+    let producer_acks = load.producer_acks();
+    let (acked, acked_at) = load.stop().await;
+    let total: usize = acked.values().map(Vec::len).sum();
+    assert!(total > 0, "nothing was acknowledged");
+    for broker in 0..BROKERS {
+        assert_read_back(&cluster.admin(broker).await, &TOPICS, &acked).await;
+    }
+    // Per event: the longest the load as a whole went without an acknowledgement, and the
+    // longest any one producer waited (one connected to the failed broker waits until its
+    // request fails or is answered, then moves on to another broker).
+    let mut stalls: BTreeMap<Fault, Vec<(u128, u128)>> = BTreeMap::new();
+    for (fault, broker, begun, ended) in &events {
+        let window = (*begun, *ended);
+        let whole = longest_gap_in(&acked_at, window);
+        let any = producer_acks.values().map(|times| longest_gap_in(times, window)).max();
+        let any = any.unwrap_or_default();
+        eprintln!(
+            "{fault:?} broker {}: the load waited {whole:?} at most, one producer {any:?}",
+            broker + 1
+        );
+        stalls.entry(*fault).or_default().push((whole.as_millis(), any.as_millis()));
+    }
+    eprintln!(
+        "container drill seed {seed}: {} events over {drill:?}; {total} records acknowledged, all \
+         read back in order through every broker; per event (the load's longest wait, one \
+         producer's longest wait) in ms by fault: {stalls:?}",
+        events.len()
+    );
+}
