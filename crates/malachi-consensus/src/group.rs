@@ -114,6 +114,10 @@ pub struct RaftGroup<M: StateMachine> {
     /// Membership changes one at a time: openraft refuses a change while another is
     /// uncommitted, and brokers joining together must not fail for it.
     membership_lock: tokio::sync::Mutex<()>,
+    /// Set when the group begins to shut down: messages from peers are refused from then on,
+    /// rather than handed to a Raft core that is stopping (openraft logs each such message as an
+    /// error, which at every graceful stop read as trouble).
+    closing: std::sync::atomic::AtomicBool,
 }
 
 /// How a group starts on this node when its store holds no membership yet.
@@ -205,6 +209,7 @@ impl<M: StateMachine> RaftGroup<M> {
             transport,
             propose_wait_ms: config.propose_wait_ms,
             membership_lock: tokio::sync::Mutex::new(()),
+            closing: std::sync::atomic::AtomicBool::new(false),
         };
         let started = group.start(config.open_wait_ms, first_boot).await;
         if let Err(error) = started {
@@ -620,6 +625,9 @@ impl<M: StateMachine> RaftGroup<M> {
         payload: &[u8],
         sender: u64,
     ) -> Result<Vec<u8>, ConsensusError> {
+        if self.closing.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(ConsensusError::Shutdown);
+        }
         let store = &self.store;
         match kind {
             MessageKind::AppendEntries => {
@@ -688,6 +696,7 @@ impl<M: StateMachine> RaftGroup<M> {
     /// Always call it: a group that is only dropped keeps its tasks (and its hold on the store)
     /// until the runtime ends.
     pub async fn shutdown(&self) -> Result<(), ConsensusError> {
+        self.closing.store(true, std::sync::atomic::Ordering::Release);
         self.raft.shutdown().await.map_err(|error| ConsensusError::Internal(error.to_string()))?;
         // openraft joins its core but not its state machine worker nor a snapshot build; they
         // end on their own once the core is gone.

@@ -89,6 +89,7 @@ struct Cluster {
 
 impl Cluster {
     fn create() -> Cluster {
+        remove_leftovers();
         let id = std::process::id();
         let prefix = format!("malachi-drill-{id}");
         let image = format!("{prefix}:test");
@@ -189,6 +190,32 @@ impl Drop for Cluster {
         }
         quiet(&["network", "rm", &self.network]);
         quiet(&["image", "rm", "--force", &self.image]);
+    }
+}
+
+/// Removes what an earlier drill left when its process was killed (a test runner's timeout) and
+/// its `Drop` never ran: every `malachi-drill-<pid>` container, volume, network and image whose
+/// process is gone.
+fn remove_leftovers() {
+    let gone = |name: &str| {
+        let pid =
+            name.strip_prefix("malachi-drill-").and_then(|rest| rest.split(['-', ':']).next());
+        pid.is_some_and(|pid| !std::path::Path::new("/proc").join(pid).exists())
+    };
+    let list = |args: &[&str]| -> Vec<String> {
+        docker(args).lines().map(str::to_string).filter(|name| gone(name)).collect()
+    };
+    for name in list(&["ps", "--all", "--format", "{{.Names}}"]) {
+        docker(&["rm", "--force", &name]);
+    }
+    for name in list(&["volume", "ls", "--quiet"]) {
+        docker(&["volume", "rm", "--force", &name]);
+    }
+    for name in list(&["network", "ls", "--format", "{{.Name}}"]) {
+        docker(&["network", "rm", &name]);
+    }
+    for name in list(&["image", "ls", "--format", "{{.Repository}}:{{.Tag}}"]) {
+        docker(&["image", "rm", "--force", &name]);
     }
 }
 
