@@ -59,19 +59,32 @@ pub(crate) async fn answer(
         );
         return Err(WRONG_TOKEN.to_string());
     }
-    let taken = broker.admin.read(|admin| {
-        admin
-            .0
-            .broker(request.node_id)
-            .filter(|known| known.cluster_address != request.cluster_address)
-            .map(|known| known.cluster_address.clone())
-    });
-    if let Some(address) = taken {
-        return Err(format!(
-            "node id {} is taken by the broker at {address}; start the new broker with \
-             another --node-id (MALACHI_NODE_ID)",
-            request.node_id
-        ));
+    let registered = broker
+        .admin
+        .read(|admin| admin.0.broker(request.node_id).map(|known| known.cluster_address.clone()));
+    match registered {
+        Some(address) if address != request.cluster_address => {
+            return Err(format!(
+                "node id {} is taken by the broker at {address}; start the new broker with \
+                 another --node-id (MALACHI_NODE_ID)",
+                request.node_id
+            ));
+        }
+        // A registered broker never enrolls again: its data directory keeps its certificate.
+        // One that does lost its directory, and with it the Raft logs the others count on; as
+        // the same voter it would make their logs run backwards (openraft stops a leader that
+        // sees that).
+        Some(_) => {
+            tracing::warn!(node_id = request.node_id, "a registered broker enrolled again");
+            return Err(format!(
+                "node id {id} is registered, and this broker comes with an empty data directory: \
+                 a broker that lost its directory cannot rejoin as the same member. Remove it \
+                 first (malachi cluster remove {id} --force, through another broker) or start it \
+                 with another --node-id (MALACHI_NODE_ID)",
+                id = request.node_id
+            ));
+        }
+        None => {}
     }
     let cluster_id = broker.cluster.as_ref().map(|(_, id)| id.clone()).unwrap_or_default();
     let ca = files.read_ca(&cluster_id).map_err(|error| error.to_string())?.ok_or(NOT_A_SEED)?;

@@ -1571,3 +1571,39 @@ async fn a_setting_changed_broker_by_broker_under_load_loses_nothing() {
         assert_read_back(&member.admin().await, &topics, &acked).await;
     }
 }
+
+/// A broker that lost its data directory (a disk replaced) and starts again with the same node
+/// id and address is refused at enrollment, by name: as the same Raft voter with empty logs it
+/// would make the leaders' view of its log run backwards, which stopped their Raft cores. The
+/// cluster serves on; once the old member is removed, the broker joins afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_lost_its_directory_rejoins_only_after_its_removal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_cluster(dir.path(), 3).await;
+    let client = members[0].admin().await;
+    create_topic(&client, "lost-disk", 1).await;
+    produce_and_read_back(&client, "lost-disk", 10).await;
+    members[2].kill();
+    std::fs::remove_dir_all(members[2].process.dir.join("data")).unwrap();
+    members[2].start();
+    let status = members[2].child.as_mut().unwrap().wait().unwrap();
+    assert!(!status.success(), "a broker without its directory joined as its old self");
+    let log = members[2].process.log();
+    assert!(log.contains("cannot rejoin as the same member"), "{log}");
+    // A fresh connection: the refused broker retried its enrollment for longer than a client
+    // connection may stay idle.
+    let client = members[0].admin().await;
+    let records = (0..10).map(|i| RecordBuilder::new(format!("after-{i}")).build()).collect();
+    assert_eq!(client.produce("lost-disk", records).await.unwrap(), 10);
+    for member in &members[..2] {
+        assert!(!member.process.log().contains("panicked"), "{}", member.process.log());
+    }
+
+    members[1].admin().await.remove_broker(3, true).await.unwrap();
+    std::fs::remove_dir_all(members[2].process.dir.join("data")).unwrap();
+    members[2].start();
+    let back = members[2].admin().await;
+    common::cluster_ready(&[back], &[1, 2, 3]).await;
+    let (read, _) = common::drain(&members[2].admin().await, "lost-disk", None).await;
+    assert_eq!(read.len(), 20, "the rejoined broker serves the topic");
+}
