@@ -389,10 +389,20 @@ impl<M: StateMachine> RaftGroup<M> {
         }
     }
 
-    /// The commit index a read on the leader must wait for, once a quorum confirmed it leads.
+    /// The index a read on the leader must wait for, once a quorum confirmed it leads: the end
+    /// of the leader's own log, not only what it knows to be committed. A leader that restarted
+    /// resumes its term without a new blank entry, and its commit index then starts from what it
+    /// had applied, behind entries the cluster committed before the restart (simulator seed
+    /// 2000505: a topic created just before both its brokers lost power read as absent, its
+    /// delete answered `no_such_topic`, and a re-created topic of the name read the old one's
+    /// records). Everything in a leader's log is kept and will commit under it, so waiting for
+    /// its end is linearizable whatever the commit index says.
     async fn read_index_here(&self) -> Result<u64, ConsensusError> {
         match self.raft.ensure_linearizable(openraft::raft::ReadPolicy::ReadIndex).await {
-            Ok(read) => Ok(read.index()),
+            Ok(read) => {
+                let last = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+                Ok(read.index().max(last))
+            }
             Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
                 Err(ConsensusError::NotLeader { leader_hint: forward.leader_id })
             }
