@@ -55,6 +55,8 @@ fn attacks() -> Vec<(&'static str, Request)> {
     vec![
         ("welcome", PeerCall::Welcome.encode()),
         ("join", request(Service::Cluster, 0, 2, br#"{"node_id":9,"cluster_address":"x:1"}"#)),
+        ("draining", request(Service::Cluster, 0, 8, br#"{"draining":true}"#)),
+        ("hand-over", request(Service::Cluster, 0, 9, br#"{"draining":true}"#)),
         ("client write", request(Service::Raft, 0, MessageKind::ClientWrite.code(), create_admin)),
         ("vote", request(Service::Raft, 0, MessageKind::Vote.code(), b"{}")),
         ("append", request(Service::Data, 0, 1, &[0u8; 20])),
