@@ -133,7 +133,7 @@ fn the_cut_damage_canary_is_caught() {
 const CLUSTER_SEEDS: std::ops::Range<u64> = 0..8;
 /// Cluster seeds that found bugs (docs/testing.md says what each found).
 const CLUSTER_REGRESSION_SEEDS: &[u64] =
-    &[204, 264, 326, 1284, 2432, 20023, 21789, 21804, 21843, 2000505];
+    &[204, 264, 326, 1284, 2432, 20023, 21789, 21804, 21843, 2000505, 2004939];
 
 #[test]
 fn cluster_seeds_pass() {
@@ -150,8 +150,10 @@ fn cluster_seeds_pass() {
 
 /// Cluster seeds run with the replication faults (storage faults on any broker, damaged sealed
 /// copies, healing awaited, settled copies compared); each but 1 found a bug (docs/testing.md).
-const REPLICA_FAULT_SEEDS: &[u64] =
-    &[0, 1, 3, 8, 37, 41, 150, 151, 167, 170, 8112110, 8200015, 8200127, 8400166, 8600953, 9100537];
+const REPLICA_FAULT_SEEDS: &[u64] = &[
+    0, 1, 3, 8, 37, 41, 150, 151, 167, 170, 8112110, 8200015, 8200127, 8400166, 8600953, 9100537,
+    8300276,
+];
 
 #[test]
 fn replica_fault_seeds_pass() {
