@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::drill::{self, Schedule, setting};
 use common::load::{Load, assert_read_back};
 use common::network::{Brokers, Cut, Network, eventually, reports};
 use malachi_client::{Client, RangeDescription, RangeState, SegmentState};
@@ -50,27 +51,6 @@ const HOLD_MS: std::ops::Range<u64> = 500..6_000;
 const QUIET_MS: std::ops::Range<u64> = 300..3_000;
 /// The bounds of convergence once the schedule ends, in seconds.
 const CONVERGE_S: u64 = 120;
-
-/// A small seeded generator (SplitMix64): the drill's schedule is a function of the seed.
-struct Schedule(u64);
-
-impl Schedule {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-
-    fn within(&mut self, range: std::ops::Range<u64>) -> u64 {
-        range.start + self.below(range.end - range.start)
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
@@ -96,20 +76,15 @@ const AWAY_MS: std::ops::Range<u64> = 8_000..20_000;
 /// most) carries fewer records than it covers, as the issue 25 wedge needed.
 const VALUE_BYTES: usize = 1_536;
 
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chaos_drill_loses_nothing_and_converges() {
     let drill = Duration::from_secs(setting("MALACHI_DRILL_SECS", DRILL_SECS_DEFAULT));
     let hosts = setting("MALACHI_DRILL_BROKERS", 3).clamp(3, 5) as usize;
-    let clock_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let seed = setting("MALACHI_DRILL_SEED", clock_seed.unwrap().as_nanos() as u64 % 1_000_000);
+    let seed = drill::seed();
     eprintln!(
         "chaos drill: seed {seed} (MALACHI_DRILL_SEED replays it), {hosts} brokers, {drill:?}"
     );
-    let mut schedule = Schedule(seed);
+    let mut schedule = Schedule::new(seed);
 
     let network = Network::create(hosts);
     // Kept when the drill fails, with each broker's log (`n1/broker.log`...).
@@ -281,7 +256,7 @@ impl Reshaper {
         let stop: Arc<AtomicBool> = Arc::default();
         let stopped = Arc::clone(&stop);
         let task = tokio::spawn(async move {
-            let mut schedule = Schedule(seed);
+            let mut schedule = Schedule::new(seed);
             let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
             while !stopped.load(Ordering::Relaxed) {
                 let pause = schedule.within(500..2_500);

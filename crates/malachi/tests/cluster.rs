@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+use common::drill::longest_gap_in;
 use common::load::{Load, assert_read_back};
 use common::{BrokerProcess, free_port, leader_of, vnodes_led};
 use malachi_client::{
@@ -717,17 +718,6 @@ async fn kill_under_load_loses_no_acknowledged_record() {
         assert_read_back(&member.admin().await, &topics, &acked).await;
     }
     eprintln!("{total} acknowledged records across a kill of broker {}, all read back", leader + 1);
-}
-
-/// The longest time between two acknowledgements in `acked_at` (sorted) that overlaps
-/// `window`: what a producer saw of one event.
-fn longest_gap_in(acked_at: &[Instant], window: (Instant, Instant)) -> Duration {
-    acked_at
-        .windows(2)
-        .filter(|pair| pair[1] >= window.0 && pair[0] <= window.1)
-        .map(|pair| pair[1].duration_since(pair[0]))
-        .max()
-        .unwrap_or_default()
 }
 
 /// A rolling restart with SIGTERM under load: each broker in turn hands its work over (its

@@ -6,16 +6,30 @@
 //! * `docker kill` (SIGKILL), then `docker start` on the same volume;
 //! * `docker pause` (the cgroup frozen: sockets open, nothing answered), then `unpause`;
 //! * `docker network disconnect` (cut off from brokers and clients alike), then `connect`;
-//! * `docker restart` (SIGTERM: the hand-over, then a start).
+//! * `docker stop` (SIGTERM: the hand-over), then `docker start`;
 //!
-//! For each event it prints the longest any producer waited for an acknowledgement; at the end
-//! every acknowledged record must read back through every broker, each key in order.
+//! and the whole cluster, broker after broker, as operators change it:
+//!
+//! * a rolling restart (`docker stop`, then `docker start`, each broker once, the next only
+//!   when the last is back);
+//! * an upgrade: each container stopped, removed and run again from the other release's image
+//!   on the same volume. With `MALACHI_DRILL_OLD_BIN` (a binary of an earlier release) the
+//!   cluster starts on that release, the drill's first event upgrades it to the binary under
+//!   test, later ones roll it back and forward again, and it ends on the binary under test;
+//!   without it both images hold the binary under test (a re-creation, as a new image is
+//!   deployed). Every drill's first event is an upgrade.
+//!
+//! For each event, and each broker of a whole-cluster one, it prints the longest any producer
+//! waited for an acknowledgement; at the end every acknowledged record must read back through
+//! every broker, each key in order.
 //!
 //! CI runs a short drill (`MALACHI_CONTAINER_DRILL_SECS`, 30 s by default); the long one is a
 //! documented command of at least 100 events (docs/testing.md, "The chaos drill on containers"):
 //!
 //! ```sh
 //! MALACHI_CONTAINER_DRILL_SECS=1200 cargo nextest run -p malachi --test containers --no-capture
+//! MALACHI_DRILL_OLD_BIN=/path/to/old/malachi MALACHI_CONTAINER_DRILL_SECS=600 \
+//!     cargo nextest run -p malachi --test containers --no-capture
 //! ```
 //!
 //! `MALACHI_DRILL_SEED` replays a schedule. Needs a Docker engine and `objcopy` (binutils).
@@ -26,6 +40,7 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::drill::{self, Schedule, longest_gap_in, setting};
 use common::load::{Load, assert_read_back};
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
@@ -45,30 +60,24 @@ enum Fault {
     Pause,
     Disconnect,
     Restart,
+    /// Every broker in turn: stopped with SIGTERM and started again.
+    RollingRestart,
+    /// Every broker in turn: stopped with SIGTERM and run again from the other image.
+    Upgrade,
 }
 
-const FAULTS: [Fault; 4] = [Fault::Kill, Fault::Pause, Fault::Disconnect, Fault::Restart];
+const FAULTS: [Fault; 6] = [
+    Fault::Kill,
+    Fault::Pause,
+    Fault::Disconnect,
+    Fault::Restart,
+    Fault::RollingRestart,
+    Fault::Upgrade,
+];
 
-/// A small seeded generator (SplitMix64): the schedule is a function of the seed.
-struct Schedule(u64);
-
-impl Schedule {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn within(&mut self, range: std::ops::Range<u64>) -> u64 {
-        range.start + self.next() % (range.end - range.start)
-    }
-}
-
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
-}
+/// How long `docker stop` lets a broker hand its work over before it kills it, in seconds:
+/// longer than the broker's own shutdown deadline (`MALACHI_SHUTDOWN_TIMEOUT_MS`).
+const STOP_TIMEOUT_S: &str = "40";
 
 /// Runs `docker` with `args`; its standard output, or a panic with its standard error.
 fn docker(args: &[&str]) -> String {
@@ -81,7 +90,11 @@ fn docker(args: &[&str]) -> String {
 /// The drill's containers, network, volumes and image, removed when it ends (passed or not).
 struct Cluster {
     prefix: String,
-    image: String,
+    /// The images of the two releases: `[earlier, under test]` (the same binary in both when no
+    /// earlier one is given).
+    images: [String; 2],
+    /// Which of `images` each broker runs.
+    release: Vec<std::cell::Cell<usize>>,
     network: String,
     /// `10.x.y.` of the network: broker `i` (from 0) is `.(11 + i)`.
     subnet: String,
@@ -92,19 +105,15 @@ impl Cluster {
         remove_leftovers();
         let id = std::process::id();
         let prefix = format!("malachi-drill-{id}");
-        let image = format!("{prefix}:test");
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build-image");
-        let built = Command::new("bash")
-            .arg(script)
-            .arg(&image)
-            .env("MALACHI_BIN", env!("CARGO_BIN_EXE_malachi"))
-            .output()
-            .expect("bash runs scripts/build-image");
-        let stderr = String::from_utf8_lossy(&built.stderr);
-        assert!(built.status.success(), "scripts/build-image: {stderr}");
+        let under_test = env!("CARGO_BIN_EXE_malachi").to_string();
+        let earlier = std::env::var("MALACHI_DRILL_OLD_BIN").unwrap_or(under_test.clone());
+        let images = [format!("{prefix}:earlier"), format!("{prefix}:test")];
+        build_image(&images[0], &earlier);
+        build_image(&images[1], &under_test);
+        let release = (0..BROKERS).map(|_| std::cell::Cell::new(0)).collect();
         let subnet = format!("10.{}.{}.", 100 + id % 100, (id / 100) % 250);
         let network = format!("{prefix}-net");
-        let cluster = Cluster { prefix, image, network, subnet };
+        let cluster = Cluster { prefix, images, release, network, subnet };
         let range = format!("--subnet={}0/24", cluster.subnet);
         docker(&["network", "create", &range, &cluster.network]);
         cluster
@@ -139,9 +148,19 @@ impl Cluster {
         if broker > 0 {
             args.extend(env("MALACHI_LOG_NODES", &format!("{}:4042", self.ip(0))));
         }
-        args.push(self.image.clone());
+        args.push(self.images[self.release[broker].get()].clone());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         docker(&args);
+    }
+
+    /// Stops `broker` with SIGTERM, removes its container and runs it again from the other
+    /// release's image on the same volume.
+    fn replace(&self, broker: usize) {
+        let name = self.name(broker);
+        docker(&["stop", "--time", STOP_TIMEOUT_S, &name]);
+        docker(&["rm", &name]);
+        self.release[broker].set(1 - self.release[broker].get());
+        self.run(broker);
     }
 
     fn inflict(&self, broker: usize, fault: Fault) {
@@ -150,14 +169,21 @@ impl Cluster {
             Fault::Kill => docker(&["kill", &name]),
             Fault::Pause => docker(&["pause", &name]),
             Fault::Disconnect => docker(&["network", "disconnect", &self.network, &name]),
-            Fault::Restart => docker(&["stop", "--time", "40", &name]),
+            Fault::Restart | Fault::RollingRestart => {
+                docker(&["stop", "--time", STOP_TIMEOUT_S, &name])
+            }
+            Fault::Upgrade => {
+                self.replace(broker);
+                String::new()
+            }
         };
     }
 
     fn undo(&self, broker: usize, fault: Fault) {
         let name = self.name(broker);
         match fault {
-            Fault::Kill | Fault::Restart => docker(&["start", &name]),
+            Fault::Kill | Fault::Restart | Fault::RollingRestart => docker(&["start", &name]),
+            Fault::Upgrade => String::new(),
             Fault::Pause => docker(&["unpause", &name]),
             Fault::Disconnect => {
                 docker(&["network", "connect", "--ip", &self.ip(broker), &self.network, &name])
@@ -189,8 +215,23 @@ impl Drop for Cluster {
             quiet(&["volume", "rm", "--force", &name]);
         }
         quiet(&["network", "rm", &self.network]);
-        quiet(&["image", "rm", "--force", &self.image]);
+        for image in &self.images {
+            quiet(&["image", "rm", "--force", image]);
+        }
     }
+}
+
+/// Builds the image `tag` around `binary` with `scripts/build-image`.
+fn build_image(tag: &str, binary: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/build-image");
+    let built = Command::new("bash")
+        .arg(script)
+        .arg(tag)
+        .env("MALACHI_BIN", binary)
+        .output()
+        .expect("bash runs scripts/build-image");
+    let stderr = String::from_utf8_lossy(&built.stderr);
+    assert!(built.status.success(), "scripts/build-image {binary}: {stderr}");
 }
 
 /// Removes what an earlier drill left when its process was killed (a test runner's timeout) and
@@ -219,25 +260,45 @@ fn remove_leftovers() {
     }
 }
 
-/// The longest time between two acknowledgements (or from the window's start to the first)
-/// within `window`.
-fn longest_gap_in(acked_at: &[Instant], (from, to): (Instant, Instant)) -> Duration {
-    let mut last = from;
-    let mut longest = Duration::ZERO;
-    for &at in acked_at.iter().filter(|&&at| at > from && at <= to) {
-        longest = longest.max(at - last);
-        last = at;
+/// One fault of one broker, from when it was inflicted until the broker was back.
+struct Event {
+    fault: Fault,
+    broker: usize,
+    begun: Instant,
+    ended: Instant,
+}
+
+/// Inflicts `fault` on `broker`, holds it for `hold`, undoes it, and waits until the broker is
+/// back in the cluster as every broker sees it (the event lasts until then).
+async fn strike(
+    cluster: &Cluster,
+    broker: usize,
+    fault: Fault,
+    hold: Duration,
+    everyone: &[u64],
+) -> Event {
+    let begun = Instant::now();
+    cluster.inflict(broker, fault);
+    tokio::time::sleep(hold).await;
+    cluster.undo(broker, fault);
+    let back = cluster.admin(broker).await;
+    common::cluster_ready(std::slice::from_ref(&back), everyone).await;
+    if fault == Fault::Upgrade {
+        eprintln!(
+            "  broker {} now runs {}",
+            broker + 1,
+            cluster.images[cluster.release[broker].get()]
+        );
     }
-    longest.max(to.saturating_duration_since(last))
+    Event { fault, broker, begun, ended: Instant::now() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_container_chaos_drill_loses_nothing() {
     let drill = Duration::from_secs(setting("MALACHI_CONTAINER_DRILL_SECS", DRILL_SECS_DEFAULT));
-    let clock_seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let seed = setting("MALACHI_DRILL_SEED", clock_seed.unwrap().as_nanos() as u64 % 1_000_000);
+    let seed = drill::seed();
     eprintln!("container drill: seed {seed} (MALACHI_DRILL_SEED replays it), {drill:?}");
-    let mut schedule = Schedule(seed);
+    let mut schedule = Schedule::new(seed);
     let cluster = Cluster::create();
     for broker in 0..BROKERS {
         cluster.run(broker);
@@ -264,26 +325,35 @@ async fn the_container_chaos_drill_loses_nothing() {
     let load = Load::start_with(&addresses, &TOPICS, 2 * BROKERS, ADMIN_PASSWORD, 1_024);
 
     let started = Instant::now();
-    let mut events: Vec<(Fault, usize, Instant, Instant)> = Vec::new();
+    let mut events: Vec<Event> = Vec::new();
     while started.elapsed() < drill {
-        let fault = FAULTS[(schedule.next() % FAULTS.len() as u64) as usize];
-        let broker = (schedule.next() % BROKERS as u64) as usize;
-        let hold = Duration::from_millis(schedule.within(HOLD_MS));
+        let fault = if events.is_empty() {
+            Fault::Upgrade
+        } else {
+            FAULTS[schedule.below(FAULTS.len() as u64) as usize]
+        };
         eprintln!(
-            "t+{:.1}s {fault:?} broker {} for {hold:?} ({} acknowledged so far)",
+            "t+{:.1}s {fault:?} ({} acknowledged so far)",
             started.elapsed().as_secs_f64(),
-            broker + 1,
             load.acked_count()
         );
-        let begun = Instant::now();
-        cluster.inflict(broker, fault);
-        tokio::time::sleep(hold).await;
-        cluster.undo(broker, fault);
-        // The event lasts until the broker is back in the cluster as every broker sees it.
-        let back = cluster.admin(broker).await;
-        common::cluster_ready(std::slice::from_ref(&back), &everyone).await;
-        events.push((fault, broker, begun, Instant::now()));
+        if matches!(fault, Fault::RollingRestart | Fault::Upgrade) {
+            for broker in 0..BROKERS {
+                events.push(strike(&cluster, broker, fault, Duration::ZERO, &everyone).await);
+            }
+        } else {
+            let broker = schedule.below(BROKERS as u64) as usize;
+            let hold = Duration::from_millis(schedule.within(HOLD_MS));
+            eprintln!("  broker {} for {hold:?}", broker + 1);
+            events.push(strike(&cluster, broker, fault, hold, &everyone).await);
+        }
         tokio::time::sleep(Duration::from_millis(schedule.within(QUIET_MS))).await;
+    }
+    // The cluster ends on the build under test (an even number of upgrades left it rolled back).
+    for broker in 0..BROKERS {
+        if cluster.release[broker].get() == 0 {
+            events.push(strike(&cluster, broker, Fault::Upgrade, Duration::ZERO, &everyone).await);
+        }
     }
 
     let mut clients = Vec::new();
@@ -310,7 +380,7 @@ async fn the_container_chaos_drill_loses_nothing() {
     // longest any one producer waited (one connected to the failed broker waits until its
     // request fails or is answered, then moves on to another broker).
     let mut stalls: BTreeMap<Fault, Vec<(u128, u128)>> = BTreeMap::new();
-    for (fault, broker, begun, ended) in &events {
+    for Event { fault, broker, begun, ended } in &events {
         let window = (*begun, *ended);
         let whole = longest_gap_in(&acked_at, window);
         let any = producer_acks.values().map(|times| longest_gap_in(times, window)).max();

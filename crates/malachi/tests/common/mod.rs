@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod drill;
 pub mod http;
 pub mod load;
 pub mod network;
