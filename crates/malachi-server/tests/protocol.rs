@@ -125,6 +125,31 @@ async fn permissions_and_acls_are_enforced() {
     assert_eq!(reason(&consumer.call(list_users).await.unwrap()), "permission_denied");
 }
 
+/// Every administrative key (cluster drain and removal among them) sent by a user who is not an
+/// admin is refused `permission_denied` before its payload is read (wire-protocol.md 3.0),
+/// whatever the payload holds, and the connection stays open for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_key_is_refused_to_a_user_who_is_not_admin() {
+    let server = start(&[]).await;
+    let mut app = WireClient::login(server.address, "app", "app123").await;
+    let admin_keys: Vec<malachi_wire::ApiKey> =
+        malachi_wire::ApiKey::ALL.iter().copied().filter(|key| key.requires_admin()).collect();
+    assert!(admin_keys.contains(&malachi_wire::ApiKey::DrainBroker));
+    assert!(admin_keys.contains(&malachi_wire::ApiKey::RemoveBroker));
+    for (corr, key) in (100u32..).zip(admin_keys) {
+        let mut body = key.as_u16().to_be_bytes().to_vec();
+        body.extend_from_slice(&corr.to_be_bytes());
+        body.extend_from_slice(b"not a payload of any request");
+        let mut frame = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        app.send_raw(&frame).await;
+        let answer = app.recv(Expect::Reply(key)).await.expect("an answer");
+        assert_eq!((answer.corr, reason(&answer).as_str()), (corr, "permission_denied"), "{key}");
+    }
+    let listed = app.call(Request::ListTopics(malachi_wire::messages::Empty)).await;
+    assert!(matches!(listed.unwrap().body, ResponseBody::Ok(_)), "the connection stays usable");
+}
+
 fn describe_segments(topic: &str) -> Request {
     Request::DescribeSegments(DescribeSegmentsRequest { topic: text(topic) })
 }
