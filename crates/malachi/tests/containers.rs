@@ -32,7 +32,9 @@
 //!     cargo nextest run -p malachi --test containers --no-capture
 //! ```
 //!
-//! `MALACHI_DRILL_SEED` replays a schedule. Needs a Docker engine and `objcopy` (binutils).
+//! `MALACHI_DRILL_SEED` replays a schedule; `MALACHI_DRILL_LOGS=DIR` keeps each broker's log
+//! there (`brokerN.log`), and `RUST_LOG` is passed to the brokers. Needs a Docker engine and
+//! `objcopy` (binutils).
 
 mod common;
 
@@ -145,6 +147,9 @@ impl Cluster {
         args.extend(env("MALACHI_NODE_ID", &(broker + 1).to_string()));
         args.extend(env("MALACHI_ADVERTISE_HOST", &self.ip(broker)));
         args.extend(env("MALACHI_AUTO_SPLIT_ENABLED", "false"));
+        if let Ok(filter) = std::env::var("RUST_LOG") {
+            args.extend(env("RUST_LOG", &filter));
+        }
         if broker > 0 {
             args.extend(env("MALACHI_LOG_NODES", &format!("{}:4042", self.ip(0))));
         }
@@ -203,8 +208,17 @@ impl Drop for Cluster {
         let quiet = |args: &[&str]| {
             let _ = Command::new("docker").args(args).output();
         };
+        let kept = std::env::var_os("MALACHI_DRILL_LOGS").map(std::path::PathBuf::from);
         for broker in 0..BROKERS {
             let name = self.name(broker);
+            if let Some(dir) = &kept {
+                let logs = Command::new("docker").args(["logs", "--timestamps", &name]).output();
+                if let Ok(logs) = logs {
+                    let _ = std::fs::create_dir_all(dir);
+                    let _ =
+                        std::fs::write(dir.join(format!("broker{}.log", broker + 1)), logs.stderr);
+                }
+            }
             if std::thread::panicking() {
                 let logs = Command::new("docker").args(["logs", "--tail", "60", &name]).output();
                 if let Ok(logs) = logs {
@@ -265,6 +279,8 @@ struct Event {
     fault: Fault,
     broker: usize,
     begun: Instant,
+    /// When the fault was undone (the container started, unpaused, connected again).
+    undone: Instant,
     ended: Instant,
 }
 
@@ -281,6 +297,7 @@ async fn strike(
     cluster.inflict(broker, fault);
     tokio::time::sleep(hold).await;
     cluster.undo(broker, fault);
+    let undone = Instant::now();
     let back = cluster.admin(broker).await;
     common::cluster_ready(std::slice::from_ref(&back), everyone).await;
     if fault == Fault::Upgrade {
@@ -290,7 +307,7 @@ async fn strike(
             cluster.images[cluster.release[broker].get()]
         );
     }
-    Event { fault, broker, begun, ended: Instant::now() }
+    Event { fault, broker, begun, undone, ended: Instant::now() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,14 +397,24 @@ async fn the_container_chaos_drill_loses_nothing() {
     // longest any one producer waited (one connected to the failed broker waits until its
     // request fails or is answered, then moves on to another broker).
     let mut stalls: BTreeMap<Fault, Vec<(u128, u128)>> = BTreeMap::new();
-    for Event { fault, broker, begun, ended } in &events {
-        let window = (*begun, *ended);
-        let whole = longest_gap_in(&acked_at, window);
-        let any = producer_acks.values().map(|times| longest_gap_in(times, window)).max();
-        let any = any.unwrap_or_default();
+    let any_producer = |window: (Instant, Instant)| {
+        let gaps = producer_acks.values().map(|times| longest_gap_in(times, window));
+        gaps.max().unwrap_or_default()
+    };
+    for Event { fault, broker, begun, undone, ended } in &events {
+        let whole = longest_gap_in(&acked_at, (*begun, *ended));
+        let any = any_producer((*begun, *ended));
+        // Which half of the event the waits fell in: while the broker was away, or while it
+        // came back.
+        let (away, back) = ((*begun, *undone), (*undone, *ended));
         eprintln!(
-            "{fault:?} broker {}: the load waited {whole:?} at most, one producer {any:?}",
-            broker + 1
+            "{fault:?} broker {}: the load waited {whole:?} at most ({:?} while away, {:?} coming \
+             back), one producer {any:?} ({:?} away, {:?} back)",
+            broker + 1,
+            longest_gap_in(&acked_at, away),
+            longest_gap_in(&acked_at, back),
+            any_producer(away),
+            any_producer(back),
         );
         stalls.entry(*fault).or_default().push((whole.as_millis(), any.as_millis()));
     }
