@@ -51,8 +51,9 @@ impl Observer {
     }
 
     /// Whether this broker can serve now (`/ready`): its data plane takes writes, it has joined
-    /// its cluster, and every Raft group it is in knows a leader and has applied its log;
-    /// otherwise the first reason it cannot.
+    /// its cluster, every Raft group it is in knows a leader and has applied its log, and its
+    /// copy of every vnode has caught up with the leader since it started
+    /// ([`Core::catch_up_after_start`]); otherwise the first reason it cannot.
     pub fn readiness(&self) -> Result<(), String> {
         if self.data.commit_failed() {
             return Err("the group commit failed: the broker must restart".into());
@@ -67,6 +68,15 @@ impl Observer {
             if row.apply_lag > READY_APPLY_LAG_MAX {
                 return Err(format!("Raft group {} is {} entries behind", row.name, row.apply_lag));
             }
+        }
+        // The apply lag counts only what this broker already knows is committed: a follower
+        // back from a restart may not have heard yet what its leader committed meanwhile.
+        let behind = self.ring.iter().find(|vnode| !vnode.caught_up_since_start());
+        if let (Some(vnode), Some(_)) = (behind, &self.cluster) {
+            return Err(format!(
+                "Raft group vnode-{} has not caught up with its leader since this broker started",
+                vnode.vnode_id()
+            ));
         }
         Ok(())
     }

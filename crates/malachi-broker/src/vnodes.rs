@@ -29,6 +29,10 @@ use crate::topics::map_meta_error;
 /// `malachi_meta::ring::VNODES_MAX`), and the root group sits above every vnode.
 pub const ROOT_GROUP_ID: u64 = 1 << 32;
 
+/// How long a broker catching up after its start waits before it asks again the vnodes whose
+/// read barrier failed (no leader yet, a leader that did not answer).
+const CATCH_UP_RETRY_MS: u64 = 100;
+
 /// One vnode on this broker.
 pub struct Vnode {
     pub arc: VnodeArc,
@@ -54,6 +58,13 @@ impl Vnode {
     pub(crate) fn caught_up(&self) -> bool {
         let now = self.group.leader();
         now.0.is_some() && *self.lock_caught_up() == Some(now)
+    }
+
+    /// Whether this broker's copy has caught up with the vnode's leader at least once since it
+    /// started (a read barrier completed under any leadership): until then it may be as old as
+    /// the broker's downtime.
+    pub(crate) fn caught_up_since_start(&self) -> bool {
+        self.lock_caught_up().is_some()
     }
 
     /// Takes a read barrier and records the leadership it caught up under.
@@ -122,6 +133,27 @@ impl Ring {
 static NO_VNODE: LazyLock<MetaState> = LazyLock::new(MetaState::default);
 
 impl Core {
+    /// Takes a read barrier on every vnode this broker has not caught up on since it started,
+    /// until it has on all of them. A broker back from a restart is ready (`/ready`), and
+    /// withdraws its drain notice, only then: a rolling restart stops the next broker only once
+    /// this one knows every topic whose new heads may be placed on it, and no leadership is
+    /// handed to a copy still catching up. Each barrier is bounded (the groups' propose wait).
+    pub async fn catch_up_after_start(&self) {
+        loop {
+            let mut behind = 0;
+            for vnode in self.ring.iter().filter(|vnode| !vnode.caught_up_since_start()) {
+                if let Err(error) = vnode.catch_up().await {
+                    tracing::debug!(vnode = vnode.vnode_id(), %error, "not caught up yet");
+                    behind += 1;
+                }
+            }
+            if behind == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(CATCH_UP_RETRY_MS)).await;
+        }
+    }
+
     /// The ring of vnodes.
     pub fn ring(&self) -> &Ring {
         &self.ring

@@ -182,9 +182,11 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
     let maintenance = broker.spawn_maintenance();
     if broker.transport().is_some() {
         // A notice this broker left with the others when it last stopped is withdrawn once it
-        // is ready (its Raft groups caught up): until then it is made no head's primary.
+        // is ready (its Raft groups caught up): until then it is made no head's primary and is
+        // handed no leadership.
         let broker = Arc::clone(&broker);
         tokio::spawn(async move {
+            broker.observer().catch_up_after_start().await;
             while broker.observer().readiness().is_err() {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -763,6 +764,68 @@ async fn a_rolling_restart_with_sigterm_hands_the_work_over_and_loses_nothing() 
         assert_read_back(&member.admin().await, &topics, &acked).await;
     }
     eprintln!("{} acknowledged records across three restarts, all read back", acked_at.len() * 4);
+}
+
+/// Topics created while a broker is away, so that its copies of the vnodes miss entries.
+const TOPICS_WHILE_AWAY: usize = 64;
+
+/// A broker back from a restart answers `/ready` only once its copy of every vnode has caught
+/// up with the leader: at its first 200, each vnode has applied at least what the others had
+/// applied before it started (the topics created while it was away). Knowing a leader and
+/// having applied what it knows is committed is not enough: a follower back from a restart may
+/// not have heard yet what was committed meanwhile. A rolling restart waits on `/ready` before
+/// it stops the next broker, whose heads are then rolled onto brokers that know their topics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_broker_is_ready_only_once_its_metadata_caught_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_cluster(dir.path(), 3).await;
+    assert!(members[2].terminate(), "broker 3 did not exit cleanly on SIGTERM");
+    let client = members[0].admin().await;
+    for topic in 0..TOPICS_WHILE_AWAY {
+        create_topic(&client, &format!("away{topic}"), 1).await;
+    }
+    let mut applied: BTreeMap<String, f64> = BTreeMap::new();
+    for member in &members[..2] {
+        for (group, index) in vnodes_applied(member).await {
+            let most = applied.entry(group).or_default();
+            *most = most.max(index);
+        }
+    }
+    assert_eq!(applied.len(), 8, "every vnode's applied index is reported: {applied:?}");
+    members[2].start();
+    let address = format!("127.0.0.1:{}", members[2].process.dashboard_port);
+    eventually_within("broker 3 is ready", 60, || async {
+        match common::http::try_get(&address, "/ready").await {
+            Some(answer) if answer.status == 200 => Ok(()),
+            Some(answer) => Err(answer.body),
+            None => Err("no answer".into()),
+        }
+    })
+    .await;
+    let seen = vnodes_applied(&members[2]).await;
+    for (group, index) in &applied {
+        let here = seen.get(group).copied().unwrap_or(-1.0);
+        assert!(here >= *index, "ready with {group} applied to {here}, behind {index}: {seen:?}");
+    }
+    let back = members[2].admin().await;
+    for topic in 0..TOPICS_WHILE_AWAY {
+        back.describe_topic(&format!("away{topic}")).await.expect("known through broker 3");
+    }
+}
+
+/// Each vnode's applied Raft index on `member`, from its `/metrics`, keyed `vnode-N`.
+async fn vnodes_applied(member: &Member) -> BTreeMap<String, f64> {
+    let address = format!("127.0.0.1:{}", member.process.dashboard_port);
+    let metrics = common::http::get(&address, "/metrics", &[]).await;
+    let samples = common::http::parse_prometheus(&metrics.body);
+    let prefix = "malachi_raft_applied_index{group=\"";
+    samples
+        .into_iter()
+        .filter_map(|(series, index)| {
+            let group = series.strip_prefix(prefix)?.strip_suffix("\"}")?;
+            group.starts_with("vnode-").then(|| (group.to_string(), index))
+        })
+        .collect()
 }
 
 /// How a test takes a head's primary away under load.

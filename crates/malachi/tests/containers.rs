@@ -285,7 +285,7 @@ struct Event {
 }
 
 /// Inflicts `fault` on `broker`, holds it for `hold`, undoes it, and waits until the broker is
-/// back in the cluster as every broker sees it (the event lasts until then).
+/// back in the cluster as every broker sees it and ready (the event lasts until then).
 async fn strike(
     cluster: &Cluster,
     broker: usize,
@@ -300,6 +300,17 @@ async fn strike(
     let undone = Instant::now();
     let back = cluster.admin(broker).await;
     common::cluster_ready(std::slice::from_ref(&back), everyone).await;
+    // As an operator's rolling restart does (docs/operations.md), the next event only once the
+    // broker answers `/ready`: its metadata caught up, not only seen alive.
+    let probe = format!("{}:4041", cluster.ip(broker));
+    common::network::eventually("the broker answers /ready", CONVERGE_S, || async {
+        match common::http::try_get(&probe, "/ready").await {
+            Some(answer) if answer.status == 200 => Ok(()),
+            Some(answer) => Err(answer.body),
+            None => Err("no answer".into()),
+        }
+    })
+    .await;
     if fault == Fault::Upgrade {
         eprintln!(
             "  broker {} now runs {}",

@@ -106,6 +106,14 @@ pub async fn get(address: &str, path: &str, headers: &[(&str, &str)]) -> Answer 
     call(address, "GET", path, headers, None).await
 }
 
+/// A GET of `path` from a server that may not listen yet or may close without answering: the
+/// answer, or `None`.
+pub async fn try_get(address: &str, path: &str) -> Option<Answer> {
+    let stream = TcpStream::connect(address).await.ok()?;
+    let raw = exchange(stream, address, ("GET", path, &[], None)).await;
+    (!raw.is_empty()).then(|| parse(&raw))
+}
+
 fn parse(raw: &[u8]) -> Answer {
     let text = String::from_utf8_lossy(raw);
     let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
