@@ -752,6 +752,7 @@ async fn a_rolling_restart_with_sigterm_hands_the_work_over_and_loses_nothing() 
         for node_id in 1..=3 {
             status_becomes(&back, node_id, 0).await;
         }
+        until_ready(member).await;
         windows.push((begun, Instant::now()));
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
@@ -793,15 +794,7 @@ async fn a_restarted_broker_is_ready_only_once_its_metadata_caught_up() {
     }
     assert_eq!(applied.len(), 8, "every vnode's applied index is reported: {applied:?}");
     members[2].start();
-    let address = format!("127.0.0.1:{}", members[2].process.dashboard_port);
-    eventually_within("broker 3 is ready", 60, || async {
-        match common::http::try_get(&address, "/ready").await {
-            Some(answer) if answer.status == 200 => Ok(()),
-            Some(answer) => Err(answer.body),
-            None => Err("no answer".into()),
-        }
-    })
-    .await;
+    until_ready(&members[2]).await;
     let seen = vnodes_applied(&members[2]).await;
     for (group, index) in &applied {
         let here = seen.get(group).copied().unwrap_or(-1.0);
@@ -811,6 +804,12 @@ async fn a_restarted_broker_is_ready_only_once_its_metadata_caught_up() {
     for topic in 0..TOPICS_WHILE_AWAY {
         back.describe_topic(&format!("away{topic}")).await.expect("known through broker 3");
     }
+}
+
+/// Waits until `member` answers `/ready` with 200, as a rolling restart waits before it stops
+/// the next broker (docs/operations.md).
+async fn until_ready(member: &Member) {
+    common::until_ready(&format!("127.0.0.1:{}", member.process.dashboard_port), 60).await;
 }
 
 /// Each vnode's applied Raft index on `member`, from its `/metrics`, keyed `vnode-N`.
@@ -1602,6 +1601,7 @@ async fn a_setting_changed_broker_by_broker_under_load_loses_nothing() {
         for node_id in 1..=3 {
             status_becomes(&back, node_id, 0).await;
         }
+        until_ready(member).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let (acked, _) = load.stop().await;

@@ -302,15 +302,7 @@ async fn strike(
     common::cluster_ready(std::slice::from_ref(&back), everyone).await;
     // As an operator's rolling restart does (docs/operations.md), the next event only once the
     // broker answers `/ready`: its metadata caught up, not only seen alive.
-    let probe = format!("{}:4041", cluster.ip(broker));
-    common::network::eventually("the broker answers /ready", CONVERGE_S, || async {
-        match common::http::try_get(&probe, "/ready").await {
-            Some(answer) if answer.status == 200 => Ok(()),
-            Some(answer) => Err(answer.body),
-            None => Err("no answer".into()),
-        }
-    })
-    .await;
+    common::until_ready(&format!("{}:4041", cluster.ip(broker)), CONVERGE_S).await;
     if fault == Fault::Upgrade {
         eprintln!(
             "  broker {} now runs {}",

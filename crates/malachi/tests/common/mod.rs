@@ -262,6 +262,20 @@ pub async fn cluster_ready(clients: &[Client], node_ids: &[u64]) {
     }
 }
 
+/// Waits up to `seconds` until the broker whose HTTP port is `http_address` answers `/ready`
+/// with 200 (its metadata caught up), as a rolling restart waits before it stops the next
+/// broker (docs/operations.md).
+pub async fn until_ready(http_address: &str, seconds: u64) {
+    network::eventually("the broker answers /ready", seconds, || async {
+        match http::try_get(http_address, "/ready").await {
+            Some(answer) if answer.status == 200 => Ok(()),
+            Some(answer) => Err(answer.body),
+            None => Err("no answer".into()),
+        }
+    })
+    .await;
+}
+
 /// What keeps `status` from being a ready cluster of `node_ids` (empty: nothing).
 fn ready_problem(status: &malachi_client::ClusterStatusResponse, node_ids: &[u64]) -> String {
     let alive =
