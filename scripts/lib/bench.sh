@@ -50,6 +50,17 @@ wait_for_brokers() { # PORT COUNT
     exit 1
 }
 
+# wait_ready HTTP_PORT: until the broker answers /ready (its metadata caught up), as a rolling
+# restart waits before it stops the next broker. Asked with `health_bin` (default: `bin`).
+wait_ready() {
+    for _ in $(seq 1 240); do
+        "${health_bin:-$bin}" health --address "127.0.0.1:$1" >/dev/null 2>&1 && return 0
+        sleep 0.25
+    done
+    echo "the broker on HTTP port $1 never became ready: see $work/*.log" >&2
+    exit 1
+}
+
 # field JSON NAME
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
 

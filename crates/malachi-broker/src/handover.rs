@@ -53,6 +53,9 @@ const ROLL_OFF_MS: u64 = 10_000;
 /// How often a roll not done yet is asked again.
 const ROLL_ASK_AGAIN_MS: u64 = 1_000;
 
+/// How soon a roll that was refused (its vnode between leaders) is asked again.
+const ROLL_REFUSED_AGAIN_MS: u64 = 100;
+
 /// Which brokers announced that they are draining, and until when the notice holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DrainNotices {
@@ -273,8 +276,11 @@ impl Handover {
             return Some(false);
         }
         let asked_ms = self.clock.now_ms();
+        // Until the new leader is known here, not only until this broker stepped down: the
+        // rolls that follow ask the vnode's leader, and one asked in between is refused ("no
+        // leader now") and asked again only a while later.
         for _ in 0..LEADERSHIP_MOVE_MS / HANDOVER_POLL_MS {
-            if !group.is_leader() {
+            if group.leader().0.is_some_and(|leader| leader != self.node_id) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(HANDOVER_POLL_MS)).await;
@@ -285,19 +291,29 @@ impl Handover {
         Some(moved)
     }
 
-    /// Asks a roll of every replicated head this broker is primary of, asking again each
-    /// second for those not moved yet (a leader may have been changing), and waits until each
-    /// has moved or [`ROLL_OFF_MS`] passed; how many moved and how many are left.
+    /// Asks a roll of every replicated head this broker is primary of, asking again those not
+    /// moved yet (a leader may have been changing): a second after a roll was taken, sooner
+    /// after one was refused. Waits until each has moved or [`ROLL_OFF_MS`] passed; how many
+    /// moved and how many are left.
     async fn roll_heads_off(&self) -> (usize, usize) {
         let heads = self.heads_led_here();
         let mut left = heads.clone();
+        let mut ask_at_poll: BTreeMap<(u64, u32), u64> =
+            heads.iter().map(|&head| (head, 0)).collect();
         for poll in 0..ROLL_OFF_MS / HANDOVER_POLL_MS {
-            if poll % (ROLL_ASK_AGAIN_MS / HANDOVER_POLL_MS) == 0 {
-                for &(topic_id, range_id) in &left {
-                    if let Err(error) = self.broker().coordination.roll(topic_id, range_id).await {
-                        tracing::warn!(topic_id, range_id, %error, "rolling a head off failed");
-                    }
+            for &(topic_id, range_id) in &left {
+                let due = ask_at_poll.get_mut(&(topic_id, range_id)).expect("every head is timed");
+                if *due > poll {
+                    continue;
                 }
+                let again_ms = match self.broker().coordination.roll(topic_id, range_id).await {
+                    Ok(_) => ROLL_ASK_AGAIN_MS,
+                    Err(error) => {
+                        tracing::warn!(topic_id, range_id, %error, "rolling a head off failed");
+                        ROLL_REFUSED_AGAIN_MS
+                    }
+                };
+                *due = poll + again_ms / HANDOVER_POLL_MS;
             }
             tokio::time::sleep(Duration::from_millis(HANDOVER_POLL_MS)).await;
             let now_here = self.heads_led_here();
