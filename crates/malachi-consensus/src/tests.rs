@@ -713,3 +713,34 @@ async fn the_leadership_moves_to_the_voter_it_is_handed_to() {
         group.shutdown().await.unwrap();
     }
 }
+
+/// How long a voter stays cut off in [`a_voter_back_from_an_absence_leaves_the_leader_leading`]:
+/// many election timeouts of `fast_config` (50-100 ms).
+const ABSENCE_MS: u64 = 1_000;
+
+/// A voter that was away (a broker restarting, a cut link) comes back without unseating the
+/// leader: while it hears no leader it asks whether it could win before it raises its term
+/// (Pre-Vote), and a majority that hears its leader refuses. Without Pre-Vote it came back with
+/// a term ten elections higher, and the leader of every group stepped down for it.
+#[tokio::test]
+async fn a_voter_back_from_an_absence_leaves_the_leader_leading() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = LocalNet::default();
+    let [first, second, third] = three_voters(&dir, &net).await;
+    assert_eq!(second.propose(add("a", 1)).await.unwrap(), 1);
+    let before = first.leader();
+    assert_eq!(before.0, Some(1));
+    let away = net.down(3);
+    tokio::time::sleep(Duration::from_millis(ABSENCE_MS)).await;
+    assert_eq!(second.propose(add("a", 1)).await.unwrap(), 2, "written while it was away");
+    net.groups.write().unwrap().insert(3, Arc::clone(&away));
+    third.read_barrier().await.unwrap();
+    assert_eq!(third.read(|counters| counters.counts.get("a").copied()), Some(2));
+    assert_eq!(second.propose(add("a", 1)).await.unwrap(), 3);
+    assert_eq!(third.leader(), before, "the returning voter follows the same leader and term");
+    assert_eq!(first.leader(), before, "the leader kept its leadership and term");
+    assert_eq!(second.leader(), before);
+    for group in [first, second, third] {
+        group.shutdown().await.unwrap();
+    }
+}
