@@ -33,7 +33,8 @@
 //! ```
 //!
 //! `MALACHI_DRILL_SEED` replays a schedule; `MALACHI_DRILL_LOGS=DIR` keeps each broker's log
-//! there (`brokerN.log`), and `RUST_LOG` is passed to the brokers. Needs a Docker engine and
+//! there (`brokerN.log`, every container it ran in, appended), and `RUST_LOG` is passed to the
+//! brokers. Needs a Docker engine and
 //! `objcopy` (binutils).
 
 mod common;
@@ -163,6 +164,7 @@ impl Cluster {
     fn replace(&self, broker: usize) {
         let name = self.name(broker);
         docker(&["stop", "--time", STOP_TIMEOUT_S, &name]);
+        self.keep_log(broker);
         docker(&["rm", &name]);
         self.release[broker].set(1 - self.release[broker].get());
         self.run(broker);
@@ -196,6 +198,24 @@ impl Cluster {
         };
     }
 
+    /// With `MALACHI_DRILL_LOGS=DIR`, appends the log of `broker`'s container to
+    /// `DIR/brokerN.log` (before the container is removed, so a log outlives its upgrades).
+    fn keep_log(&self, broker: usize) {
+        let Some(dir) = std::env::var_os("MALACHI_DRILL_LOGS").map(std::path::PathBuf::from) else {
+            return;
+        };
+        let logs =
+            Command::new("docker").args(["logs", "--timestamps", &self.name(broker)]).output();
+        let Ok(logs) = logs else { return };
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join(format!("broker{}.log", broker + 1));
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path);
+        if let Ok(mut file) = file {
+            use std::io::Write;
+            let _ = file.write_all(&logs.stderr);
+        }
+    }
+
     async fn admin(&self, broker: usize) -> malachi_client::Client {
         common::connect_to(&self.address(broker), "admin", ADMIN_PASSWORD)
             .await
@@ -208,17 +228,9 @@ impl Drop for Cluster {
         let quiet = |args: &[&str]| {
             let _ = Command::new("docker").args(args).output();
         };
-        let kept = std::env::var_os("MALACHI_DRILL_LOGS").map(std::path::PathBuf::from);
         for broker in 0..BROKERS {
             let name = self.name(broker);
-            if let Some(dir) = &kept {
-                let logs = Command::new("docker").args(["logs", "--timestamps", &name]).output();
-                if let Ok(logs) = logs {
-                    let _ = std::fs::create_dir_all(dir);
-                    let _ =
-                        std::fs::write(dir.join(format!("broker{}.log", broker + 1)), logs.stderr);
-                }
-            }
+            self.keep_log(broker);
             if std::thread::panicking() {
                 let logs = Command::new("docker").args(["logs", "--tail", "60", &name]).output();
                 if let Ok(logs) = logs {
