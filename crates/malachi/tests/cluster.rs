@@ -15,7 +15,8 @@ use common::drill::longest_gap_in;
 use common::load::{Load, assert_read_back};
 use common::{BrokerProcess, free_port, leader_of, vnodes_led};
 use malachi_client::{
-    Client, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder, SegmentState,
+    Client, ClientConfig, ClusterStatusResponse, FetchOptions, RangeState, RecordBuilder,
+    SegmentState,
 };
 use malachi_transport::gossip_seal::GossipSeal;
 use malachi_transport::pki::{ClusterCa, ClusterFiles, Credentials};
@@ -765,6 +766,84 @@ async fn a_rolling_restart_with_sigterm_hands_the_work_over_and_loses_nothing() 
         assert_read_back(&member.admin().await, &topics, &acked).await;
     }
     eprintln!("{} acknowledged records across three restarts, all read back", acked_at.len() * 4);
+}
+
+/// A self-signed certificate for `localhost` and `127.0.0.1` written under `dir` as
+/// `name.crt` and `name.key`; the paths.
+fn write_certificate(dir: &std::path::Path, name: &str) -> (String, String) {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let certified = rcgen::generate_simple_self_signed(names).unwrap();
+    let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    (cert.display().to_string(), key.display().to_string())
+}
+
+/// The client port's TLS settings with the certificate `cert` and its key `key`.
+fn client_tls(cert: &str, key: &str) -> Vec<(String, String)> {
+    [("MALACHI_ENABLE_TLS", "true"), ("MALACHI_TLS_CERTFILE", cert), ("MALACHI_TLS_KEYFILE", key)]
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect()
+}
+
+/// Clients that trust `ca_file` (PEM) only.
+fn trusting(ca_file: &std::path::Path) -> malachi_client::TlsOptions {
+    malachi_client::TlsOptions { ca_file: Some(ca_file.to_path_buf()), ..Default::default() }
+}
+
+/// The client port's certificate replaced broker by broker under load (a renewal, or a move to a
+/// new issuer, docs/operations.md): producers over TLS that trust both the old and the new
+/// certificate keep producing while each broker restarts on its new one; at the end every broker
+/// presents the new certificate (a client trusting only it connects to each, one trusting only
+/// the old one is refused by each), and every acknowledged record reads back through every broker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_replaced_broker_by_broker_under_load_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old_cert, old_key) = write_certificate(dir.path(), "old");
+    let (new_cert, new_key) = write_certificate(dir.path(), "new");
+    let both = dir.path().join("both.pem");
+    let bundle =
+        std::fs::read_to_string(&old_cert).unwrap() + &std::fs::read_to_string(&new_cert).unwrap();
+    std::fs::write(&both, bundle).unwrap();
+    let mut members = start_cluster_of(dir.path(), 3, |_| client_tls(&old_cert, &old_key)).await;
+    let client = members[0].admin().await;
+    let topics = ["renewed1", "renewed2"];
+    for topic in topics {
+        create_topic(&client, topic, 2).await;
+    }
+    let addresses: Vec<String> = members.iter().map(|member| member.process.address()).collect();
+    let load = Load::start_over(&addresses, &topics, 6, ADMIN_PASSWORD, 512, Some(trusting(&both)));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    for (at, member) in members.iter_mut().enumerate() {
+        assert!(member.terminate(), "broker {} did not exit cleanly on SIGTERM", at + 1);
+        member.process.env.retain(|(name, _)| !name.starts_with("MALACHI_TLS_"));
+        member.process.env.extend(client_tls(&new_cert, &new_key));
+        member.start();
+        let back = member.admin().await;
+        for node_id in 1..=3 {
+            status_becomes(&back, node_id, 0).await;
+        }
+        until_ready(member).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let failures = load.failure_count();
+    let (acked, _) = load.stop().await;
+    assert!(!acked.is_empty(), "nothing was acknowledged over TLS");
+    let (new_only, old_only) = (dir.path().join("new.crt"), dir.path().join("old.crt"));
+    for member in &members {
+        let address = member.process.address();
+        let config = |trust| {
+            ClientConfig::new(address.clone()).credentials("admin", ADMIN_PASSWORD).tls(trust)
+        };
+        Client::connect(config(trusting(&new_only))).await.expect("the new certificate is served");
+        let refused = Client::connect(config(trusting(&old_only))).await;
+        assert!(refused.is_err(), "broker at {address} still presents the old certificate");
+        assert_read_back(&member.admin().await, &topics, &acked).await;
+    }
+    eprintln!(
+        "certificates replaced on three brokers under load; {failures} produce calls retried"
+    );
 }
 
 /// Topics created while a broker is away, so that its copies of the vnodes miss entries.

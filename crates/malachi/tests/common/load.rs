@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use malachi_client::{Client, RecordBuilder};
+use malachi_client::{Client, ClientConfig, RecordBuilder, TlsOptions};
 
 /// What each key had acknowledged, by sequence.
 pub type Acked = BTreeMap<String, Vec<u64>>;
@@ -43,6 +43,18 @@ impl Load {
         password: &str,
         value_bytes: usize,
     ) -> Load {
+        Load::start_over(addresses, topics, count, password, value_bytes, None)
+    }
+
+    /// [`Load::start_with`], speaking TLS with `tls` when given.
+    pub fn start_over(
+        addresses: &[String],
+        topics: &[&str],
+        count: usize,
+        password: &str,
+        value_bytes: usize,
+        tls: Option<TlsOptions>,
+    ) -> Load {
         let acked: Arc<Mutex<Acked>> = Arc::default();
         let acked_at: Arc<Mutex<Vec<Instant>>> = Arc::default();
         let producer_acks: Arc<Mutex<BTreeMap<usize, Vec<Instant>>>> = Arc::default();
@@ -57,9 +69,17 @@ impl Load {
                 let producer_acks = Arc::clone(&producer_acks);
                 let failures = Arc::clone(&failures);
                 let stop = Arc::clone(&stop);
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let mut at = producer % addresses.len();
-                    let connect = |at: usize| super::connect_to(&addresses[at], "admin", &password);
+                    let connect = |at: usize| {
+                        let config = ClientConfig::new(addresses[at].clone())
+                            .credentials("admin", password.as_str());
+                        super::connect_with(match &tls {
+                            Some(tls) => config.tls(tls.clone()),
+                            None => config,
+                        })
+                    };
                     let mut client = connect(at).await.unwrap();
                     let keys: Vec<String> =
                         (0..4).map(|k| format!("{topic}/p{producer}k{k}")).collect();

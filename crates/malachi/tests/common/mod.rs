@@ -184,10 +184,14 @@ pub async fn connect(port: u16, user: &str, password: &str) -> Result<Client, St
 
 /// A client of the broker at `address`, retrying for 30 s while it starts.
 pub async fn connect_to(address: &str, user: &str, password: &str) -> Result<Client, String> {
+    connect_with(ClientConfig::new(address.to_string()).credentials(user, password)).await
+}
+
+/// A client configured by `config`, retrying for 30 s while its broker starts.
+pub async fn connect_with(config: ClientConfig) -> Result<Client, String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let config = ClientConfig::new(address.to_string()).credentials(user, password);
-        match Client::connect(config).await {
+        match Client::connect(config.clone()).await {
             Ok(client) => return Ok(client),
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
