@@ -19,6 +19,7 @@
 pub mod frame;
 pub mod gossip_seal;
 pub mod pki;
+pub mod resolve;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -36,6 +37,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 pub use frame::{Frame, FrameError, Hello, Request, Service};
+pub use resolve::Resolver;
 pub use tls::ClusterTls;
 
 /// How long a connect, the TLS handshake and the hello exchange may take.
@@ -78,14 +80,20 @@ pub trait Dialer: Send + Sync + 'static {
 
 /// Real TCP, with Nagle off (calls are small and latency-bound) and a zero linger: closing a
 /// connection resets it and discards what the kernel still holds unsent, so calls given up on
-/// while a peer was cut off are not delivered when the cut heals (see [`Link`]).
-pub struct TcpDialer;
+/// while a peer was cut off are not delivered when the cut heals (see [`Link`]). Names are
+/// resolved by a [`Resolver`], one lookup per name at a time.
+#[derive(Debug, Default)]
+pub struct TcpDialer {
+    resolver: Arc<Resolver>,
+}
 
 impl Dialer for TcpDialer {
     fn dial(&self, address: &str) -> DialFuture {
         let address = address.to_string();
+        let resolver = Arc::clone(&self.resolver);
         Box::pin(async move {
-            let stream = TcpStream::connect(&address).await?;
+            let found = resolver.resolve(&address).await?;
+            let stream = TcpStream::connect(&found[..]).await?;
             let _ = stream.set_nodelay(true);
             let _ = stream.set_zero_linger();
             Ok(Box::new(stream) as BoxStream)
@@ -253,7 +261,7 @@ impl Drop for InFlight<'_> {
 impl Transport {
     /// `cluster_id` is empty for a node that has not joined yet. Dials over TCP.
     pub fn new(node_id: u64, cluster_id: &str, security: Security) -> Transport {
-        Transport::with_dialer(node_id, cluster_id, Arc::new(TcpDialer), security)
+        Transport::with_dialer(node_id, cluster_id, Arc::new(TcpDialer::default()), security)
     }
 
     /// A transport whose connections `dialer` opens (the simulator's network).
