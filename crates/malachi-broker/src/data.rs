@@ -329,6 +329,13 @@ impl DataPlane {
         Ok(self)
     }
 
+    /// At a clean stop, after everything else: syncs the segment files written behind the
+    /// node journal and empties it, so the next start replays nothing (see
+    /// [`Committer::checkpoint_at_close`]). Returns whether it did. Blocks on file syncs.
+    pub fn checkpoint_at_close(&self) -> bool {
+        self.committer.checkpoint_at_close()
+    }
+
     /// Whether the group commit stopped taking writes (a journal checkpoint failed): only a
     /// restart, replaying the journal, makes the node writable again.
     pub fn commit_failed(&self) -> bool {

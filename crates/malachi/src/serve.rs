@@ -215,6 +215,7 @@ async fn serve(mut config: BrokerConfig) -> Result<(), String> {
         gossip.leave().await;
     }
     broker.shutdown().await;
+    close_journal(&broker).await;
     eprintln!("malachi stopped");
     Ok(())
 }
@@ -302,6 +303,19 @@ async fn commit_failure(broker: &Broker) {
             );
             return;
         }
+    }
+}
+
+/// Empties the node journal at a clean stop, so the next start replays nothing: a rolling
+/// restart's broker is back sooner (a full journal took seconds to replay in a container).
+async fn close_journal(broker: &Arc<Broker>) {
+    if broker.config().group_commit_barrier != malachi_broker::data::Barrier::Journal {
+        return;
+    }
+    let closing = Arc::clone(broker);
+    let closed = tokio::task::spawn_blocking(move || closing.data_plane().checkpoint_at_close());
+    if !matches!(closed.await, Ok(true)) {
+        tracing::warn!("the node journal was not emptied at the stop: the next start replays it");
     }
 }
 

@@ -117,3 +117,53 @@ async fn sigkill_mid_produce(ranges: u32) {
     broker.kill().unwrap();
     broker.wait().unwrap();
 }
+
+/// A clean stop (SIGTERM) empties the node journal, so the next start replays nothing and
+/// every acknowledged record is there; a SIGKILL of the same broker leaves rounds to replay
+/// (which is what makes the first half a check rather than the default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_leaves_no_journal_to_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let process = BrokerProcess::new(dir.path());
+    let mut broker = process.spawn();
+    let admin = process.connect().await;
+    admin.create_topic_with_ranges("crash", 4).await.unwrap();
+    let mut produced = Vec::new();
+    for stop in ["TERM", "KILL"] {
+        for batch in 0..20 {
+            let records: Vec<_> = (0..8)
+                .map(|at| format!("{stop}-{batch:02}-{at}"))
+                .map(|value| RecordBuilder::new(value.clone()).key(value).build())
+                .collect();
+            admin.produce("crash", records).await.unwrap();
+            produced.extend((0..8).map(|at| format!("{stop}-{batch:02}-{at}")));
+        }
+        let before = process.log().len();
+        let signal = format!("-{stop}");
+        let pid = broker.id().to_string();
+        assert!(
+            std::process::Command::new("kill").args([&signal, &pid]).status().unwrap().success()
+        );
+        let status = broker.wait().unwrap();
+        assert_eq!(status.success(), stop == "TERM", "{stop}: {status}");
+        broker = process.spawn();
+        let client = process.connect().await;
+        let (everything, _) = drain(&client, None).await;
+        let mut read: Vec<String> = everything.iter().map(value).collect();
+        read.sort();
+        let mut expected = produced.clone();
+        expected.sort();
+        assert_eq!(read, expected, "after {stop}: acknowledged records lost or doubled");
+        let log = process.log();
+        let replayed =
+            log[before..].lines().find(|line| line.contains("replayed the node journal"));
+        match stop {
+            "TERM" => assert!(replayed.is_none(), "a clean stop left a journal: {replayed:?}"),
+            _ => {
+                assert!(replayed.is_some(), "a SIGKILL left nothing to replay:\n{}", &log[before..])
+            }
+        }
+    }
+    broker.kill().unwrap();
+    broker.wait().unwrap();
+}

@@ -437,3 +437,42 @@ fn a_journal_of_a_newer_release_is_refused_and_left_alone() {
     file.read_at(&mut after, 0).unwrap();
     assert_eq!(after, header, "the header is left as the newer release wrote it");
 }
+
+/// A clean stop empties the journal: everything written behind it is synced into the segment
+/// files, so a power loss right after loses nothing and the next open replays nothing. Without
+/// the close the same rounds are replayed (the journal alone held them durably).
+#[test]
+fn a_checkpoint_at_close_leaves_nothing_to_replay() {
+    for close in [true, false] {
+        let (sim, storage) = sim_with_root(7);
+        let acked = {
+            let (committer, segments) = journaled_node(&storage, 4);
+            let tickets: Vec<_> =
+                segments.iter().map(|segment| segment.stage(&records(5, "c")).unwrap()).collect();
+            for (segment, ticket) in segments.iter().zip(&tickets) {
+                segment.wait_durable(*ticket).unwrap();
+            }
+            assert_eq!(committer.stats().checkpoints, 0, "nothing checkpointed before the close");
+            if close {
+                assert!(committer.checkpoint_at_close(), "the journal empties");
+            }
+            committer.release_segments();
+            tickets.iter().map(|ticket| ticket.end_offset).collect::<Vec<_>>()
+        };
+        sim.crash_now();
+        sim.restart();
+        let (_, report) = Journal::open(&storage, &root(), JOURNAL_BYTES_MIN).unwrap();
+        let replayed = if close { 0 } else { 4 };
+        assert_eq!(report.entries, replayed, "close {close}: {report:?}");
+        let (_, segments) = journaled_node(&storage, 4);
+        for (segment, acked) in segments.iter().zip(acked) {
+            assert_eq!(segment.durable_offset(), acked, "close {close}");
+        }
+    }
+}
+
+/// Without a journal there is nothing to empty at close.
+#[test]
+fn a_checkpoint_at_close_without_a_journal_does_nothing() {
+    assert!(!Committer::solo().checkpoint_at_close());
+}
