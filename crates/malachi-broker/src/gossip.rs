@@ -152,7 +152,7 @@ impl Core {
             socket,
             seal,
             membership: Some(membership),
-            resolved: BTreeMap::new(),
+            resolver: malachi_transport::Resolver::default(),
             announced_ms: BTreeMap::new(),
             refused_logged_ms: None,
             refused_unlogged: 0,
@@ -187,8 +187,8 @@ struct Driver {
     seal: Option<Arc<GossipSeal>>,
     /// `None` once left.
     membership: Option<Membership>,
-    /// Gossip addresses of registered brokers, resolved once each.
-    resolved: BTreeMap<String, SocketAddr>,
+    /// Resolves registered brokers' gossip addresses, one lookup per name at a time.
+    resolver: malachi_transport::Resolver,
     /// When each address was last announced to.
     announced_ms: BTreeMap<SocketAddr, u64>,
     /// When a refused datagram was last logged, and how many were refused since.
@@ -298,7 +298,7 @@ impl Driver {
             if record.node_id == broker.node_id || record.gossip_address.is_empty() {
                 continue;
             }
-            let Some(address) = self.resolve(&record.gossip_address).await else { continue };
+            let Some(address) = self.resolve(&record.gossip_address) else { continue };
             roster.insert(record.node_id, address);
             if alive.contains(&record.node_id) {
                 continue;
@@ -316,22 +316,11 @@ impl Driver {
         }
     }
 
-    async fn resolve(&mut self, address: &str) -> Option<SocketAddr> {
-        if let Some(resolved) = self.resolved.get(address) {
-            return Some(*resolved);
-        }
-        let resolved = match address.parse::<SocketAddr>() {
-            Ok(parsed) => parsed,
-            Err(_) => match tokio::net::lookup_host(address).await {
-                Ok(mut found) => found.next()?,
-                Err(error) => {
-                    tracing::warn!(%address, %error, "a broker's gossip address does not resolve");
-                    return None;
-                }
-            },
-        };
-        self.resolved.insert(address.to_string(), resolved);
-        Some(resolved)
+    /// A registered gossip address's socket address, without waiting: a name not resolved
+    /// yet is skipped this turn (its lookup runs beside), and a name whose container came back
+    /// elsewhere is followed on a later turn.
+    fn resolve(&self, address: &str) -> Option<SocketAddr> {
+        self.resolver.known(address)?.first().copied()
     }
 
     /// Sends what membership asked to send, logs its changes, and publishes the statuses.

@@ -96,6 +96,19 @@ impl Resolver {
         }
     }
 
+    /// What `address` resolved to last, without waiting: `None` for a name not resolved yet.
+    /// Starts a lookup unless one runs, so a loop that must not stall (gossip) learns a new
+    /// name, or a name's new addresses, on a later turn.
+    pub fn known(&self, address: &str) -> Option<Vec<SocketAddr>> {
+        if let Ok(literal) = address.parse::<SocketAddr>() {
+            return Some(vec![literal]);
+        }
+        let name = self.name(address);
+        let known = name.answer.borrow().found.clone();
+        self.look_up(address, &name);
+        known.map(|found| found.to_vec())
+    }
+
     fn name(&self, address: &str) -> Arc<Name> {
         let mut names = self.names.lock().expect("resolver lock poisoned");
         let name = names.entry(address.to_string()).or_insert_with(|| {

@@ -126,8 +126,8 @@ async fn a_clean_stop_leaves_no_journal_to_replay() {
     let dir = tempfile::tempdir().unwrap();
     let process = BrokerProcess::new(dir.path());
     let mut broker = process.spawn();
-    let admin = process.connect().await;
-    admin.create_topic_with_ranges("crash", 4).await.unwrap();
+    let mut client = process.connect().await;
+    client.create_topic_with_ranges("crash", 4).await.unwrap();
     let mut produced = Vec::new();
     for stop in ["TERM", "KILL"] {
         for batch in 0..20 {
@@ -135,7 +135,7 @@ async fn a_clean_stop_leaves_no_journal_to_replay() {
                 .map(|at| format!("{stop}-{batch:02}-{at}"))
                 .map(|value| RecordBuilder::new(value.clone()).key(value).build())
                 .collect();
-            admin.produce("crash", records).await.unwrap();
+            client.produce("crash", records).await.unwrap();
             produced.extend((0..8).map(|at| format!("{stop}-{batch:02}-{at}")));
         }
         let before = process.log().len();
@@ -147,7 +147,7 @@ async fn a_clean_stop_leaves_no_journal_to_replay() {
         let status = broker.wait().unwrap();
         assert_eq!(status.success(), stop == "TERM", "{stop}: {status}");
         broker = process.spawn();
-        let client = process.connect().await;
+        client = process.connect().await;
         let (everything, _) = drain(&client, None).await;
         let mut read: Vec<String> = everything.iter().map(value).collect();
         read.sort();

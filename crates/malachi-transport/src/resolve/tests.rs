@@ -102,3 +102,19 @@ async fn names_are_looked_up_apart() {
     scripted.resolver.resolve("broker3:4042").await.unwrap();
     assert_eq!(scripted.lookups.load(Ordering::SeqCst), 2);
 }
+
+/// `known` never waits: nothing for a name until its lookup answered, then its addresses.
+#[tokio::test]
+async fn known_answers_at_once() {
+    let scripted = scripted(vec![Ok(vec![at(1)])]);
+    assert_eq!(
+        scripted.resolver.known("10.0.0.9:1"),
+        Some(vec![SocketAddr::from(([10, 0, 0, 9], 1))])
+    );
+    assert_eq!(scripted.resolver.known("broker2:4042"), None, "the lookup hangs");
+    let mut answers = scripted.resolver.name("broker2:4042").answer.subscribe();
+    scripted.release.add_permits(1);
+    answers.changed().await.unwrap();
+    assert_eq!(scripted.resolver.known("broker2:4042"), Some(vec![at(1)]));
+    assert_eq!(scripted.lookups.load(Ordering::SeqCst), 2, "each call refreshes");
+}
