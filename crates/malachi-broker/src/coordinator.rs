@@ -71,6 +71,9 @@ pub struct Coordinator {
     /// The last term led, for the canary.
     last_term: u64,
     busy: BTreeSet<(u64, u32)>,
+    /// While this node hands the leadership over: nothing new is decided, so that what is in
+    /// flight can finish before the new leader starts.
+    handing_over: bool,
     /// When each topic was last reshaped (or a reshape of it last failed).
     last_reshape_ms: BTreeMap<u64, u64>,
     /// Each range's rate as each broker that wrote it last reported it, with the time of the
@@ -88,6 +91,7 @@ impl Coordinator {
             canary_deposed,
             last_term: 0,
             busy: BTreeSet::new(),
+            handing_over: false,
             last_reshape_ms: BTreeMap::new(),
             rates: BTreeMap::new(),
             last_retention_ms: None,
@@ -118,8 +122,19 @@ impl Coordinator {
         self.busy.is_empty()
     }
 
+    /// Stops (or resumes) deciding while this node hands the vnode's leadership over: an
+    /// operation half done when the leadership moves (a roll whose seal ran here and whose
+    /// new head the next leader refuses) leaves its range without a writable head until the
+    /// next leader rolls it again, which took producers a second in rolling restarts.
+    pub fn hand_over(&mut self, handing_over: bool) {
+        self.handing_over = handing_over;
+    }
+
     /// The term decisions are made in now, if any.
     pub fn deciding_term(&self) -> Option<u64> {
+        if self.handing_over {
+            return None;
+        }
         match self.term {
             Some(term) => Some(term),
             None if canary(self.canary_deposed) && self.last_term > 0 => Some(self.last_term),

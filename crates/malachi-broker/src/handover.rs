@@ -45,6 +45,9 @@ const HANDOVER_POLL_MS: u64 = 20;
 /// How long one Raft group's leadership may take to move before the hand-over goes on without
 /// it (the group then elects a leader after this broker stops, as after a crash).
 const LEADERSHIP_MOVE_MS: u64 = 3_000;
+/// How long a vnode's coordinator may take to finish what it decided before its leadership is
+/// handed over anyway (a roll takes tens of milliseconds; a split of a large range longer).
+const COORDINATOR_IDLE_MS: u64 = 2_000;
 
 /// How long the heads may take to roll off before the hand-over gives up on the rest (they are
 /// then sealed around this broker by failover, as after a crash).
@@ -252,11 +255,31 @@ impl Handover {
         let mut outcomes = vec![self.move_leadership(&self.admin).await];
         outcomes.push(self.move_leadership(&self.root).await);
         for vnode in self.ring.iter() {
-            outcomes.push(self.move_leadership(&vnode.group).await);
+            outcomes.push(self.move_vnode_leadership(vnode).await);
         }
         let moved = outcomes.iter().filter(|outcome| **outcome == Some(true)).count();
         let kept = outcomes.iter().filter(|outcome| **outcome == Some(false)).count();
         (moved, kept)
+    }
+
+    /// As [`Handover::move_leadership`], once the vnode's coordinator stopped deciding and what
+    /// it had decided finished (at most [`COORDINATOR_IDLE_MS`]), so that no roll or reshape is
+    /// left half done across the change of leader.
+    async fn move_vnode_leadership(&self, vnode: &crate::vnodes::Vnode) -> Option<bool> {
+        if !vnode.group.is_leader() {
+            return None;
+        }
+        let coordinator = || vnode.coordinator.lock().expect("coordinator lock poisoned");
+        coordinator().hand_over(true);
+        for _ in 0..COORDINATOR_IDLE_MS / HANDOVER_POLL_MS {
+            if coordinator().is_idle() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(HANDOVER_POLL_MS)).await;
+        }
+        let moved = self.move_leadership(&vnode.group).await;
+        coordinator().hand_over(false);
+        moved
     }
 
     /// `None` when this broker does not lead `group`; whether its leadership moved otherwise.

@@ -196,3 +196,23 @@ fn a_ranges_rate_sums_every_brokers_report() {
         .collect();
     assert_eq!(decided, vec![Action::Split { topic_id: topic, range_id: 0 }]);
 }
+
+/// While the leadership is being handed over nothing new is decided, neither asked rolls nor
+/// ticks; what was decided before stays in flight until it finishes; then deciding resumes.
+#[test]
+fn a_coordinator_handing_over_decides_nothing_new() {
+    let (meta, topic) = meta();
+    let mut coordinator = Coordinator::new(config(), false);
+    coordinator.leadership(true, 3);
+    let first = coordinator.roll_wanted(&meta, topic, 0, 3).expect("a roll while leading");
+    coordinator.hand_over(true);
+    assert_eq!(coordinator.deciding_term(), None);
+    assert!(coordinator.roll_wanted(&meta, topic, 1, 3).is_none(), "no roll while handing over");
+    coordinator.load_report(1, &hot(topic), NOW_MS);
+    assert!(coordinator.tick(&meta, &Default::default(), NOW_MS).is_empty());
+    assert!(!coordinator.is_idle(), "the roll decided before is still in flight");
+    coordinator.finished(&first.action, NOW_MS);
+    assert!(coordinator.is_idle());
+    coordinator.hand_over(false);
+    assert!(coordinator.roll_wanted(&meta, topic, 1, 3).is_some(), "deciding again");
+}
