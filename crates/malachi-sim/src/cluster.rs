@@ -600,7 +600,8 @@ impl ClusterWorld {
 
     /// Flips a bit in, or cuts, one serving broker's copy of a sealed replicated segment of
     /// a workload topic, one copy per segment at most, and only where another copy holds every
-    /// sealed record (settled, or an unsettled copy that verifies that far): healing must find
+    /// sealed record (settled, or an unsettled copy that verifies that far on a broker whose
+    /// group commit has not failed; see [`ClusterWorld::holds`]): healing must find
     /// the damage and rebuild it from the others. Without that peer the copy may be the only
     /// one (seed 8112110: the primary's disk failed before its first sync, failover sealed on
     /// the follower's copy alone, and damaging that copy lost the segment: a second failure,
@@ -695,9 +696,17 @@ impl ClusterWorld {
         behind
     }
 
-    /// Whether `node_id`'s copy of `sealed` holds every record of the seal, intact.
+    /// Whether `node_id`'s copy of `sealed` holds every record of the seal, intact, in a way a
+    /// restart keeps. A broker whose group commit failed a sync holds its unsynced writes only
+    /// in pages the kernel marked clean without writing: reads see them until it restarts and
+    /// replays its journal, which lacks them (seed 9204064: the primary's sync failed, failover
+    /// sealed on the follower's copy alone, the world damaged that copy because the primary's
+    /// file still read whole, and the primary's restart cut it short of the seal).
     fn holds(&self, node_id: u64, sealed: &SealedSegment) -> bool {
         let node = &self.nodes[node_id as usize - 1];
+        if node.commit_failed() {
+            return false;
+        }
         let dir = range_dir(&node.data_dir, sealed.key);
         malachi_log::verify_segment(&node.storage, &dir, sealed.key.segment_id)
             .is_ok_and(|report| report.bad_frames.is_empty() && report.records >= sealed.end_offset)
