@@ -27,6 +27,11 @@ use crate::node::{Broker, Core};
 
 /// Pause between announcements to registered brokers not heard alive.
 pub const REANNOUNCE_MS: u64 = 5_000;
+
+/// How often gossip looks a registered broker's name up again. The loop turns many times a
+/// second and must not start a lookup each turn; a container back at another address is
+/// followed within this, well inside the [`REANNOUNCE_MS`] an unheard broker waits anyway.
+pub const RESOLVE_EVERY_MS: u64 = 1_000;
 /// The least time between two log lines about refused datagrams.
 const REFUSED_LOG_MS: u64 = 10_000;
 /// The largest datagram read; membership refuses anything above its own 1,400-byte limit.
@@ -154,6 +159,7 @@ impl Core {
             membership: Some(membership),
             resolver: malachi_transport::Resolver::default(),
             announced_ms: BTreeMap::new(),
+            looked_up_ms: BTreeMap::new(),
             refused_logged_ms: None,
             refused_unlogged: 0,
         };
@@ -191,6 +197,8 @@ struct Driver {
     resolver: malachi_transport::Resolver,
     /// When each address was last announced to.
     announced_ms: BTreeMap<SocketAddr, u64>,
+    /// When each registered gossip name was last looked up.
+    looked_up_ms: BTreeMap<String, u64>,
     /// When a refused datagram was last logged, and how many were refused since.
     refused_logged_ms: Option<u64>,
     refused_unlogged: u64,
@@ -298,7 +306,7 @@ impl Driver {
             if record.node_id == broker.node_id || record.gossip_address.is_empty() {
                 continue;
             }
-            let Some(address) = self.resolve(&record.gossip_address) else { continue };
+            let Some(address) = self.resolve(&record.gossip_address, now_ms) else { continue };
             roster.insert(record.node_id, address);
             if alive.contains(&record.node_id) {
                 continue;
@@ -318,9 +326,16 @@ impl Driver {
 
     /// A registered gossip address's socket address, without waiting: a name not resolved
     /// yet is skipped this turn (its lookup runs beside), and a name whose container came back
-    /// elsewhere is followed on a later turn.
-    fn resolve(&self, address: &str) -> Option<SocketAddr> {
-        self.resolver.known(address)?.first().copied()
+    /// elsewhere is followed on a later turn. Each name is looked up at most every
+    /// [`RESOLVE_EVERY_MS`].
+    fn resolve(&mut self, address: &str, now_ms: u64) -> Option<SocketAddr> {
+        let found = if lookup_due(self.looked_up_ms.get(address).copied(), now_ms) {
+            self.looked_up_ms.insert(address.to_string(), now_ms);
+            self.resolver.known(address)
+        } else {
+            self.resolver.last(address)
+        };
+        found?.first().copied()
     }
 
     /// Sends what membership asked to send, logs its changes, and publishes the statuses.
@@ -350,9 +365,30 @@ impl Driver {
     }
 }
 
+/// Whether a name last looked up at `last_ms` (never: `None`) is due another lookup.
+fn lookup_due(last_ms: Option<u64>, now_ms: u64) -> bool {
+    last_ms.is_none_or(|last_ms| now_ms >= last_ms.saturating_add(RESOLVE_EVERY_MS))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_is_looked_up_at_most_every_resolve_interval() {
+        let cases = [
+            // (last looked up, now, due)
+            (None, 0, true),
+            (Some(1_000), 1_000, false),
+            (Some(1_000), 1_000 + RESOLVE_EVERY_MS - 1, false),
+            (Some(1_000), 1_000 + RESOLVE_EVERY_MS, true),
+            // A clock that stepped back waits out the interval from the last lookup.
+            (Some(5_000), 4_000, false),
+        ];
+        for (last_ms, now_ms, due) in cases {
+            assert_eq!(lookup_due(last_ms, now_ms), due, "{last_ms:?} at {now_ms}");
+        }
+    }
 
     #[test]
     fn statuses_come_from_membership_once_it_runs() {

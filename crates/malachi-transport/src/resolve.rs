@@ -109,6 +109,16 @@ impl Resolver {
         known.map(|found| found.to_vec())
     }
 
+    /// What `address` resolved to last, without waiting and without starting a lookup: for a
+    /// loop that refreshes each name on its own schedule (gossip turns many times a second).
+    pub fn last(&self, address: &str) -> Option<Vec<SocketAddr>> {
+        if let Ok(literal) = address.parse::<SocketAddr>() {
+            return Some(vec![literal]);
+        }
+        let found = self.name(address).answer.borrow().found.clone();
+        found.map(|found| found.to_vec())
+    }
+
     fn name(&self, address: &str) -> Arc<Name> {
         let mut names = self.names.lock().expect("resolver lock poisoned");
         let name = names.entry(address.to_string()).or_insert_with(|| {

@@ -118,3 +118,19 @@ async fn known_answers_at_once() {
     assert_eq!(scripted.resolver.known("broker2:4042"), Some(vec![at(1)]));
     assert_eq!(scripted.lookups.load(Ordering::SeqCst), 2, "each call refreshes");
 }
+
+/// `last` reads what the previous lookup found and never starts one.
+#[tokio::test]
+async fn last_never_looks_up() {
+    let scripted = scripted(vec![Ok(vec![at(1)]), Ok(vec![at(2)])]);
+    assert_eq!(scripted.resolver.last("broker2:4042"), None);
+    assert_eq!(scripted.lookups.load(Ordering::SeqCst), 0, "last started a lookup");
+    let mut answers = scripted.resolver.name("broker2:4042").answer.subscribe();
+    assert_eq!(scripted.resolver.known("broker2:4042"), None);
+    scripted.release.add_permits(1);
+    answers.changed().await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(scripted.resolver.last("broker2:4042"), Some(vec![at(1)]));
+    }
+    assert_eq!(scripted.lookups.load(Ordering::SeqCst), 1, "only known looked up");
+}
