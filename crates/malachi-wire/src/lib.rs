@@ -21,12 +21,15 @@
 //! Layout, from the outside in: [`frame`] (length prefix), [`request`] and [`response`]
 //! (envelopes and the per-key dispatch), [`messages`] (one module per section of the spec),
 //! [`shapes`] and [`record`] (values shared by several keys), [`batch`] (section 2.4),
-//! [`primitive`] (section 2's encodings and the [`Wire`] trait), [`reason`] and [`error`].
+//! [`primitive`] (section 2's encodings and the [`Wire`] trait), [`layout`] (the macros that
+//! write a payload's codec, minimum size and test samples from one description), [`reason`] and
+//! [`error`].
 
 pub mod api_key;
 pub mod batch;
 pub mod error;
 pub mod frame;
+pub mod layout;
 pub mod limits;
 pub mod messages;
 pub mod primitive;

@@ -6,68 +6,35 @@
 
 use bytes::Bytes;
 
-use crate::error::{DecodeError, EncodeError};
-use crate::primitive::{Reader, Wire, Writer};
+use crate::layout::{Bytes32, List32, PresentStr, Str, U64, wire_struct};
 
-/// One record as it travels in produce requests, fetch answers, pushes and batches.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Record {
-    /// `None` is a record without a key, which differs from an empty key.
-    pub key: Option<Bytes>,
-    pub value: Bytes,
-    /// Producer-supplied milliseconds since the Unix epoch, stored and returned unchanged.
-    pub timestamp_ms: u64,
-    /// In wire order; names may repeat (the Node client collapses duplicates on read).
-    pub headers: Vec<Header>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Header {
-    pub name: Bytes,
-    pub value: Bytes,
-}
-
-impl Wire for Record {
-    /// Absent key (1), empty value (4), timestamp (8), no headers (4).
-    const WIRE_BYTES_MIN: usize = 17;
-
-    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
-        writer.str(self.key.as_deref())?;
-        writer.bytes32(&self.value)?;
-        writer.u64(self.timestamp_ms);
-        writer.list32(&self.headers)
-    }
-
-    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(Record {
-            key: reader.str()?,
-            value: reader.bytes32()?,
-            timestamp_ms: reader.u64()?,
-            headers: reader.list32()?,
-        })
+wire_struct! {
+    /// One record as it travels in produce requests, fetch answers, pushes and batches.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct Record {
+        /// `None` is a record without a key, which differs from an empty key.
+        pub key: Option<Bytes> = Str,
+        pub value: Bytes = Bytes32,
+        /// Producer-supplied milliseconds since the Unix epoch, stored and returned unchanged.
+        pub timestamp_ms: u64 = U64,
+        /// In wire order; names may repeat (the Node client collapses duplicates on read).
+        pub headers: Vec<Header> = List32,
     }
 }
 
-impl Wire for Header {
-    /// Two present empty strings.
-    const WIRE_BYTES_MIN: usize = 10;
-
-    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
-        writer.present_str(&self.name)?;
-        writer.present_str(&self.value)
-    }
-
-    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(Header {
-            name: reader.present_str("header name")?,
-            value: reader.present_str("header value")?,
-        })
+wire_struct! {
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct Header {
+        pub name: Bytes = PresentStr as "header name",
+        pub value: Bytes = PresentStr as "header value",
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::DecodeError;
+    use crate::primitive::Wire;
     use crate::vectors::hex;
 
     #[test]

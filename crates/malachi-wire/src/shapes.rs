@@ -4,6 +4,7 @@
 use bytes::Bytes;
 
 use crate::error::{DecodeError, EncodeError};
+use crate::layout::{Item, Str, U16, U64, wire_struct};
 use crate::primitive::{Reader, Wire, Writer};
 
 /// A policy rule's value. The tag replaces the `str` presence flag: there is no flag byte.
@@ -17,19 +18,23 @@ pub enum PolicyValue {
     String(Bytes),
 }
 
-/// One named rule of a policy. Decoders accept unknown names: the server refuses them by name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PolicyField {
-    pub name: Option<Bytes>,
-    pub value: PolicyValue,
+wire_struct! {
+    /// One named rule of a policy. Decoders accept unknown names: the server refuses them by name.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct PolicyField {
+        pub name: Option<Bytes> = Str,
+        pub value: PolicyValue = Item,
+    }
 }
 
-/// A place in a range's history: `source_index` counts the range's ancestors oldest first, then
-/// the range itself; `offset` is within that source.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Position {
-    pub source_index: u16,
-    pub offset: u64,
+wire_struct! {
+    /// A place in a range's history: `source_index` counts the range's ancestors oldest first, then
+    /// the range itself; `offset` is within that source.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub struct Position {
+        pub source_index: u16 = U16,
+        pub offset: u64 = U64,
+    }
 }
 
 /// Where a range consumer starts (keys 29 and 31).
@@ -93,33 +98,6 @@ impl Wire for PolicyValue {
             2 => reader.bytes32().map(PolicyValue::String),
             tag => Err(DecodeError::UnknownTag { field: "policy value", tag }),
         }
-    }
-}
-
-impl Wire for PolicyField {
-    const WIRE_BYTES_MIN: usize = 2;
-
-    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
-        writer.str(self.name.as_deref())?;
-        writer.item(&self.value)
-    }
-
-    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(PolicyField { name: reader.str()?, value: reader.item()? })
-    }
-}
-
-impl Wire for Position {
-    const WIRE_BYTES_MIN: usize = 10;
-
-    fn write(&self, writer: &mut Writer<'_>) -> Result<(), EncodeError> {
-        writer.u16(self.source_index);
-        writer.u64(self.offset);
-        Ok(())
-    }
-
-    fn read(reader: &mut Reader) -> Result<Self, DecodeError> {
-        Ok(Position { source_index: reader.u16()?, offset: reader.u64()? })
     }
 }
 

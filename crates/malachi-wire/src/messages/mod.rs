@@ -1,8 +1,9 @@
 //! The typed payload of every request and ok response, one module per section of the spec, plus
 //! [`extensions`] for Malachi's own keys 64–72.
 //!
-//! Each type is the exact layout of one payload: [`crate::Wire::decode`] consumes the whole
-//! payload or fails. A wire `str` is `Option<Bytes>` (absent and empty differ) unless the spec
+//! Each type is the exact layout of one payload, described once with [`crate::layout`]'s
+//! `wire_struct!` (fields in wire order, each naming its encoding): [`crate::Wire::decode`]
+//! consumes the whole payload or fails. A wire `str` is `Option<Bytes>` (absent and empty differ) unless the spec
 //! requires it present, in which case it is `Bytes` and an absent one is a decode error. Field
 //! comments give the wire name where the Rust name adds a unit.
 
@@ -62,149 +63,133 @@ impl Wire for IgnoredPayload {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
-
-    use bytes::Bytes;
-
     use super::*;
     use crate::batch::{PlainEntry, PositionedEntry};
+    use crate::layout::check_shape;
     use crate::record::{Header, Record};
     use crate::shapes::{Accept, PolicyField, PolicyValue, Position, RouteSegment, Start};
 
-    /// `WIRE_BYTES_MIN` is what a list count is checked against: too large and a valid list is
-    /// refused, too small and the check lets a forged count through. So the smallest value of
-    /// each shape must encode to exactly that many bytes.
-    fn assert_minimal<T: Wire>(name: &str, value: &T) {
-        let encoded = value.encode_to_bytes().expect("minimal values encode");
-        assert_eq!(encoded.len(), T::WIRE_BYTES_MIN, "{name}");
-    }
-
-    macro_rules! assert_all_minimal {
-        ($($value:expr),* $(,)?) => {
-            $( assert_minimal(stringify!($value), &$value); )*
+    macro_rules! check_shapes {
+        ($($shape:ty),* $(,)?) => {
+            $( check_shape::<$shape>(stringify!($shape)); )*
         };
     }
 
+    /// Every shape's layout properties ([`check_shape`]): the generated ones and the tagged
+    /// unions written by hand.
     #[test]
-    fn wire_bytes_min_is_the_smallest_encoding() {
-        let one = NonZeroU32::MIN;
-        let null_field = PolicyField { name: None, value: PolicyValue::Null };
-        assert_all_minimal![
-            None::<Bytes>,
-            0_u32,
-            Record::default(),
-            Header::default(),
-            PolicyValue::Null,
-            null_field,
-            Position::default(),
-            Start::Earliest,
-            Accept::default(),
-            RouteSegment::Unassigned,
-            PlainEntry::default(),
-            PositionedEntry::default(),
+    fn every_shape_keeps_its_layout_properties() {
+        check_shapes![
+            AuthRequest,
+            TokenAuthRequest,
+            TokenResponse,
+            CreateUserRequest,
+            DeleteUserRequest,
+            ChangePasswordRequest,
+            ListUsersResponse,
+            UserPermissions,
+            AclRequest,
+            ListAclsRequest,
+            ListAclsResponse,
+            AclEntry,
+            SetRoleRequest,
+            ListUsersWithRolesResponse,
+            UserWithRole,
+            FetchRequest,
+            FetchResponse,
+            CommitRequest,
+            SubscribeRequest,
+            StreamAckRequest,
+            LeaveGroupRequest,
+            RemoveBrokerRequest,
+            DrainBrokerRequest,
+            DrainBrokerResponse,
+            ClusterStatusResponse,
+            ClusterBroker,
+            ClusterGroup,
+            ListTopicsResponse,
+            DescribeTopicRequest,
+            DescribeTopicResponse,
+            DescribeSegmentsRequest,
+            DescribeSegmentsResponse,
+            CopyDescription,
+            GroupLagRequest,
+            GroupLagResponse,
+            GroupLagDescription,
+            DeleteTopicRequest,
+            SplitRangeRequest,
+            SplitRangeResponse,
+            MergeRangesRequest,
+            MergeRangesResponse,
+            CreateTopicRangesRequest,
+            DefinePolicyRequest,
+            DeletePolicyRequest,
+            ListPoliciesResponse,
+            NamedPolicy,
+            BindTopicPolicyRequest,
+            GetTopicPolicyRequest,
+            ClusterStateResponse,
+            TopicRoutesRequest,
+            TopicRoutesResponse,
+            OpenStreamRequest,
+            OpenStreamResponse,
+            AppendRequest,
+            CloseStreamRequest,
+            OpenConsumeRequest,
+            OpenConsumeResponse,
+            ConsumeAckRequest,
+            FetchRangeRequest,
+            Page,
+            JoinGroupRequest,
+            GroupHeartbeatRequest,
+            CommitOffsetsRequest,
+            RangePosition,
+            Assignment,
+            AppendAck,
+            AppendFailure,
+            Moved,
+            MovedTarget,
+            PolicyField,
+            Position,
+            CreateTopicRequest,
+            ProduceRequest,
+            ProduceResponse,
+            Record,
+            Header,
+            RangeDescription,
+            SegmentDescription,
+            RangeLagDescription,
+            Broker,
+            RangeRoute,
+            TopicPolicyResponse,
+            EffectiveField,
+            BrokerStatus,
+            RangeState,
+            SegmentState,
+            LagStanding,
+            Resolution,
+            Origin,
             Empty,
             IgnoredPayload,
+            Accept,
+            PolicyValue,
+            RouteSegment,
+            Start,
         ];
-        assert_all_minimal![
-            AuthRequest::default(),
-            TokenAuthRequest::default(),
-            TokenResponse::default(),
-            CreateTopicRequest::default(),
-            ProduceRequest::default(),
-            ProduceResponse::default(),
-            FetchRequest::default(),
-            FetchResponse::default(),
-            CommitRequest::default(),
-            SubscribeRequest::default(),
-            StreamAckRequest::default(),
-            LeaveGroupRequest::default(),
-        ];
-        assert_all_minimal![
-            CreateUserRequest::default(),
-            DeleteUserRequest::default(),
-            ChangePasswordRequest::default(),
-            ListUsersResponse::default(),
-            UserPermissions::default(),
-            AclRequest::default(),
-            ListAclsRequest::default(),
-            ListAclsResponse::default(),
-            AclEntry::default(),
-            SetRoleRequest::default(),
-            ListUsersWithRolesResponse::default(),
-            UserWithRole::default(),
-        ];
-        assert_all_minimal![
-            DefinePolicyRequest::default(),
-            DeletePolicyRequest::default(),
-            ListPoliciesResponse::default(),
-            NamedPolicy::default(),
-            BindTopicPolicyRequest::default(),
-            GetTopicPolicyRequest::default(),
-            TopicPolicyResponse::default(),
-            EffectiveField { name: None, value: PolicyValue::Null, origin: Origin::Global },
-        ];
-        assert_all_minimal![
-            ClusterStateResponse::default(),
-            Broker { id: None, host: None, port: 0, status: BrokerStatus::Alive },
-            TopicRoutesRequest::default(),
-            TopicRoutesResponse::default(),
-            RangeRoute {
-                range: 0,
-                key_start: 0,
-                key_end: 0,
-                state: RangeState::Active,
-                segment: RouteSegment::Unassigned,
-            },
-            OpenStreamRequest {
-                topic: None,
-                range: 0,
-                routes_version: 0,
-                codec: 0,
-                window_appends: one,
-                window_bytes: one,
-                producer_id: None,
-                label: None,
-            },
-            OpenStreamResponse::default(),
-            AppendRequest::default(),
-            CloseStreamRequest::default(),
-        ];
-        assert_all_minimal![
-            OpenConsumeRequest {
-                topic: None,
-                range: 0,
-                routes_version: 0,
-                start: Start::Earliest,
-                window: one,
-                max_records: 0,
-                max_bytes: 0,
-                accept: Accept::default(),
-            },
-            OpenConsumeResponse::default(),
-            ConsumeAckRequest::default(),
-            FetchRangeRequest {
-                topic: None,
-                range: 0,
-                routes_version: 0,
-                start: Start::Earliest,
-                max_records: 0,
-                max_bytes: 0,
-                wait_ms: 0,
-                accept: Accept::default(),
-            },
-            Page::default(),
-            JoinGroupRequest::default(),
-            GroupHeartbeatRequest::default(),
-            CommitOffsetsRequest::default(),
-            RangePosition::default(),
-            Assignment::default(),
-        ];
-        assert_all_minimal![
-            StreamPush { stream_id: 0, kind: PushKind::Moved(Moved::default()) },
-            AppendAck::default(),
-            AppendFailure::default(),
-            Moved::default(),
-            MovedTarget { range: 0, segment: RouteSegment::Unassigned },
-        ];
+    }
+
+    /// Batch entries are laid out by the batch codec, not as shapes of their own.
+    #[test]
+    fn batch_entries_have_their_smallest_encoding() {
+        for (name, encoded, bytes_min) in [
+            ("plain", PlainEntry::default().encode_to_bytes(), PlainEntry::WIRE_BYTES_MIN),
+            (
+                "positioned",
+                PositionedEntry::default().encode_to_bytes(),
+                PositionedEntry::WIRE_BYTES_MIN,
+            ),
+        ] {
+            assert_eq!(encoded.expect("encodes").len(), bytes_min, "{name}");
+        }
     }
 }
