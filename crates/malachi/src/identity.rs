@@ -6,6 +6,11 @@
 //!
 //! A directory from before this file existed holds a Raft store (`raft.redb`) written as node 1,
 //! the only id a single broker ever used: it is recorded as node 1.
+//!
+//! The Raft store is created before the identity is recorded, so a directory with an identity
+//! and no Raft store lost it (a file deleted, a volume restored without it). Such a broker is
+//! refused: it would come back with every vote and metadata entry it promised forgotten, and a
+//! voter that forgot its votes can elect a second leader in a term.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,6 +19,8 @@ use malachi_broker::auth::{Entropy, OsEntropy};
 
 /// The identity file's name in the data directory.
 pub const IDENTITY_FILE: &str = "identity";
+/// The Raft store's name in the data directory (`malachi_broker::node` opens it).
+pub const RAFT_STORE_FILE: &str = "raft.redb";
 /// The identity file's format. A file without `format` is version 1 (the first release wrote
 /// none); a later version is refused by name, so an older release never misreads a newer file.
 pub const IDENTITY_FORMAT: i64 = 1;
@@ -40,6 +47,15 @@ pub enum IdentityError {
          recorded), but node {requested} was asked for"
     )]
     OlderDirectory { path: PathBuf, requested: u64 },
+    #[error(
+        "{raft} is missing, but {identity} records that this directory was started as node \
+         {node_id}: its Raft state (the votes it cast, the metadata it stored) is lost, and a \
+         broker that forgot its votes can break the cluster's agreement, so it does not start. \
+         To bring this host back, remove the broker through another one (`malachi cluster \
+         remove {node_id} --force`), empty this data directory and start it as a new broker \
+         with an unused --node-id; alone, restore the directory from a backup"
+    )]
+    RaftStoreLost { raft: PathBuf, identity: PathBuf, node_id: u64 },
     #[error("node id 0 is reserved; choose 1 or more")]
     ZeroNodeId,
     #[error("{path}: {problem}")]
@@ -68,15 +84,22 @@ pub fn load_or_create(
         Ok(text) => {
             let identity = parse(&text)
                 .map_err(|problem| IdentityError::Damaged { path: path.clone(), problem })?;
-            match requested {
-                Some(requested) if requested != identity.node_id => {
-                    Err(IdentityError::Mismatch { path, recorded: identity.node_id, requested })
-                }
-                _ => Ok(identity),
+            if let Some(requested) = requested.filter(|requested| *requested != identity.node_id) {
+                return Err(IdentityError::Mismatch {
+                    path,
+                    recorded: identity.node_id,
+                    requested,
+                });
             }
+            let raft = data_dir.join(RAFT_STORE_FILE);
+            if !raft.try_exists().map_err(io)? {
+                let node_id = identity.node_id;
+                return Err(IdentityError::RaftStoreLost { raft, identity: path, node_id });
+            }
+            Ok(identity)
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            let raft = data_dir.join("raft.redb");
+            let raft = data_dir.join(RAFT_STORE_FILE);
             let older = raft.try_exists().map_err(io)?;
             let node_id = match requested {
                 Some(requested) if older && requested != DEFAULT_NODE_ID => {
@@ -100,6 +123,13 @@ pub fn load_or_create(
             let identity = NodeIdentity { node_id, cluster_id };
             let storage = malachi_log::storage::RealStorage;
             malachi_broker::node::create_data_dir(&storage, data_dir).map_err(io)?;
+            if !older {
+                // Before the identity: an identity without a store then means the store was lost.
+                malachi_consensus::GroupStore::open(&raft).map_err(|error| IdentityError::Io {
+                    path: raft.clone(),
+                    source: std::io::Error::other(error.to_string()),
+                })?;
+            }
             write_durably(data_dir, &path, &format(&identity)).map_err(io)?;
             Ok(identity)
         }
@@ -208,6 +238,25 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         let refused = load_or_create(other.path(), Some("not-a-cluster"), Some(2)).unwrap_err();
         assert!(refused.to_string().contains("not 32 hex digits"), "{refused}");
+    }
+
+    /// The first boot creates the Raft store before the identity; a later boot that finds the
+    /// identity without the store refuses by name, and says what to do.
+    #[test]
+    fn a_lost_raft_store_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let identity = load_or_create(dir.path(), None, Some(3)).unwrap();
+        let raft = dir.path().join(RAFT_STORE_FILE);
+        assert!(raft.exists(), "the first boot created the Raft store");
+        assert_eq!(load_or_create(dir.path(), None, None).unwrap(), identity);
+        std::fs::remove_file(&raft).unwrap();
+        let refused = load_or_create(dir.path(), None, None).unwrap_err();
+        assert!(matches!(refused, IdentityError::RaftStoreLost { node_id: 3, .. }), "{refused}");
+        let text = refused.to_string();
+        for expected in ["raft.redb is missing", "node 3", "malachi cluster remove 3 --force"] {
+            assert!(text.contains(expected), "{expected:?} in {text}");
+        }
+        assert!(!raft.exists(), "a refused boot creates nothing");
     }
 
     #[test]
