@@ -11,6 +11,7 @@
 //! replays identical. Invariants are asserted with `assert!`, on in release builds too.
 
 pub mod admin;
+pub mod assignment;
 pub mod command;
 pub mod error;
 pub mod groups;
