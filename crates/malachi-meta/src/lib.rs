@@ -18,6 +18,7 @@ pub mod groups;
 pub mod invariants;
 pub mod keyspace;
 pub mod limits;
+pub mod membership;
 pub mod model;
 pub mod names;
 pub mod placement;
