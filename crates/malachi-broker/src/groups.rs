@@ -146,6 +146,7 @@ impl Groups {
             positions,
             expected_generation: None,
             now_ms: self.clock.now_ms(),
+            member: None,
         });
         self.propose_meta(topic.topic_id, command).await?;
         Ok(())

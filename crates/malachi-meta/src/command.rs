@@ -31,6 +31,16 @@ pub enum MetaCommand {
     MergeRanges(MergeRanges),
     RollSegment(RollSegment),
     CommitPositions(CommitPositions),
+    /// A member of a group joins (`applied` absent) or heartbeats; answered with its ranges.
+    GroupHeartbeat(GroupHeartbeat),
+    /// A member leaves its group; its ranges are handed out at once.
+    LeaveGroupMember {
+        topic_id: u64,
+        group: String,
+        member: String,
+        now_ms: u64,
+        session_ms: u64,
+    },
     DeleteGroup {
         topic_id: u64,
         group: String,
@@ -195,6 +205,32 @@ pub struct CommitPositions {
     /// When set, the commit is refused unless the group is at this generation (0 = no group).
     pub expected_generation: Option<u64>,
     pub now_ms: u64,
+    /// A member's commit: refused unless the member holds every range named (and, when it
+    /// states one, at the membership's current generation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<CommitMember>,
+}
+
+/// Who commits, in a group with members.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommitMember {
+    pub member: String,
+    /// The membership generation the member works at; `None` for clients that do not carry
+    /// one (`fetch` and `stream_ack` with a member), which are checked by ownership alone.
+    pub generation: Option<u64>,
+    pub session_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupHeartbeat {
+    pub topic_id: u64,
+    pub group: String,
+    pub member: String,
+    /// The generation of the last answer the member applied; `None` to join.
+    pub applied: Option<u64>,
+    pub now_ms: u64,
+    /// A member silent this long is dropped.
+    pub session_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -228,6 +264,12 @@ pub enum MetaResponse {
     PositionsCommitted {
         generation: u64,
     },
+    /// A member's ranges at the membership's `generation`.
+    GroupAssignment {
+        generation: u64,
+        ranges: Vec<u32>,
+    },
+    GroupMemberLeft,
     GroupDeleted {
         existed: bool,
     },

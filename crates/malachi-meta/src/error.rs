@@ -192,6 +192,9 @@ pub enum GroupError {
     /// Ours.
     #[error("the topic already has {limit} consumer groups")]
     TooManyGroups { limit: u32 },
+    /// A member's commit or heartbeat the membership refused.
+    #[error(transparent)]
+    Membership(#[from] crate::membership::MembershipError),
 }
 
 impl GroupError {
@@ -202,6 +205,7 @@ impl GroupError {
             GroupError::InvalidPosition { .. } => Reason::InvalidCursor,
             GroupError::GenerationMismatch { .. } => Reason::GenerationMismatch,
             GroupError::TooManyGroups { .. } => Reason::TooManyGroups,
+            GroupError::Membership(error) => error.reason(),
         }
     }
 }

@@ -112,6 +112,10 @@ impl MetaState {
         check(by_start == index, || format!("{name}: routing index differs from active ranges"))?;
         let extents = topic.active_ranges().map(|range| range.extent);
         check(tiles_keyspace(extents), || format!("{name}: active ranges do not tile"))?;
+        for (group_name, group) in &topic.groups {
+            let violation = group.membership.violation();
+            check(violation.is_none(), || format!("{name}: group {group_name}: {violation:?}"))?;
+        }
         for (range_id, range) in &topic.ranges {
             check(*range_id == range.range_id, || format!("{name}: range key {range_id}"))?;
             check(*range_id < topic.next_range_id, || format!("{name}: range id {range_id}"))?;

@@ -38,7 +38,8 @@ pub use admin::{
     LockoutPolicy, Operation, Permission, Role, User,
 };
 pub use command::{
-    CommitPositions, CreateTopic, MergeRanges, MetaCommand, MetaResponse, RollSegment, SplitRange,
+    CommitMember, CommitPositions, CreateTopic, GroupHeartbeat, MergeRanges, MetaCommand,
+    MetaResponse, RollSegment, SplitRange,
 };
 pub use error::TopicError;
 pub use error::{AdminError, GroupError, MetaError, PolicyError, RangeError, RetentionError};

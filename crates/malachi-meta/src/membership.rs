@@ -20,6 +20,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::assignment::{Assignment, assign};
 
+/// Members of one consumer group: more would leave members idle on any topic but the largest
+/// (a topic has at most 65,536 ranges), and every heartbeat reassigns over all of them.
+pub const MEMBERS_PER_GROUP_MAX: u32 = 1_024;
+
 /// One member of a group.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
@@ -52,7 +56,7 @@ pub struct Told {
 }
 
 /// Why a member's commit is refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum MembershipError {
     /// The member does not hold the range (it was never told it, or it was dropped).
     #[error("member {member:?} does not hold range {range_id}")]
@@ -65,6 +69,16 @@ pub enum MembershipError {
     TooManyMembers { limit: u32 },
 }
 
+impl MembershipError {
+    pub fn reason(&self) -> malachi_reason::Reason {
+        match self {
+            MembershipError::NotOwner { .. } => malachi_reason::Reason::NotOwner,
+            MembershipError::StaleGeneration { .. } => malachi_reason::Reason::GenerationMismatch,
+            MembershipError::TooManyMembers { .. } => malachi_reason::Reason::TooManyMembers,
+        }
+    }
+}
+
 /// The clock and the ranges a call works with.
 #[derive(Clone, Copy, Debug)]
 pub struct Now<'a> {
@@ -75,6 +89,11 @@ pub struct Now<'a> {
 }
 
 impl Membership {
+    /// No members and never any: nothing to store.
+    pub fn is_empty(&self) -> bool {
+        self.generation == 0 && self.members.is_empty()
+    }
+
     /// Joins `member` (a name it does not know), or heartbeats it; `applied` is the generation
     /// the member last applied (`None` on a join). Drops members whose session ran out,
     /// reassigns, and tells the member its ranges.
@@ -85,10 +104,8 @@ impl Membership {
         now: Now<'_>,
         members_max: u32,
     ) -> Result<Told, MembershipError> {
+        self.admits(member, now, members_max)?;
         self.expire(now);
-        if !self.members.contains_key(member) && self.members.len() >= members_max as usize {
-            return Err(MembershipError::TooManyMembers { limit: members_max });
-        }
         let entry = self.members.entry(member.to_string()).or_default();
         entry.seen_ms = now.now_ms;
         if applied.is_some() && applied == entry.told_generation {
@@ -104,6 +121,23 @@ impl Membership {
         let told = Told { generation, ranges: entry.assigned.clone() };
         self.check();
         Ok(told)
+    }
+
+    /// Whether a heartbeat of `member` is taken: a new member only while the group, less the
+    /// members whose session ran out, has room. Changes nothing, so a refusal leaves the group
+    /// as it was.
+    pub fn admits(
+        &self,
+        member: &str,
+        now: Now<'_>,
+        members_max: u32,
+    ) -> Result<(), MembershipError> {
+        let alive = self.members.values().filter(|entry| !expired(entry, now)).count();
+        let known = self.members.get(member).is_some_and(|entry| !expired(entry, now));
+        if !known && alive >= members_max as usize {
+            return Err(MembershipError::TooManyMembers { limit: members_max });
+        }
+        Ok(())
     }
 
     /// `member` leaves: its ranges are free at once.
@@ -144,7 +178,7 @@ impl Membership {
 
     /// Drops the members whose last heartbeat is `session_ms` old or older.
     fn expire(&mut self, now: Now<'_>) {
-        self.members.retain(|_, member| now.now_ms < member.seen_ms.saturating_add(now.session_ms));
+        self.members.retain(|_, member| !expired(member, now));
     }
 
     /// The balanced, sticky target, less any range another member still holds; a new
@@ -179,24 +213,36 @@ impl Membership {
     }
 
     /// No range held by two members; what each is assigned it holds, once told.
-    fn check(&self) {
+    pub(crate) fn check(&self) {
+        if let Some(violation) = self.violation() {
+            panic!("membership invariant broken: {violation}: {self:?}");
+        }
+    }
+
+    /// What breaks the membership's invariants, if anything does.
+    pub(crate) fn violation(&self) -> Option<String> {
         let mut holders: BTreeMap<u32, &str> = BTreeMap::new();
         for (name, member) in &self.members {
             for range_id in &member.held {
-                let other = holders.insert(*range_id, name);
-                assert!(other.is_none(), "range {range_id} held by {other:?} and {name}: {self:?}");
+                if let Some(other) = holders.insert(*range_id, name) {
+                    return Some(format!("range {range_id} held by {other} and {name}"));
+                }
             }
         }
         for (name, member) in &self.members {
             for range_id in &member.assigned {
-                let holder = holders.get(range_id).copied();
-                assert!(
-                    holder.is_none_or(|holder| holder == name),
-                    "range {range_id} assigned to {name} but held by {holder:?}"
-                );
+                if let Some(holder) = holders.get(range_id).filter(|holder| **holder != name) {
+                    return Some(format!("range {range_id} assigned to {name}, held by {holder}"));
+                }
             }
         }
+        None
     }
+}
+
+/// Whether `member`'s last heartbeat is `session_ms` old or older.
+fn expired(member: &Member, now: Now<'_>) -> bool {
+    now.now_ms >= member.seen_ms.saturating_add(now.session_ms)
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::membership::Membership;
+
 use crate::keyspace::Extent;
 
 /// Per-topic segment roll thresholds; `None` falls back to [`SegmentRollDefaults`].
@@ -245,6 +247,10 @@ pub struct ConsumerGroup {
     pub generation: u64,
     pub positions: BTreeMap<u32, GroupPosition>,
     pub updated_ms: u64,
+    /// The members sharing the group's ranges, when it has any (written only then, so a group
+    /// without members stores what it did before membership existed).
+    #[serde(default, skip_serializing_if = "Membership::is_empty")]
+    pub membership: Membership,
 }
 
 /// Names one segment of one range of one topic.

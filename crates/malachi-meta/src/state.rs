@@ -98,6 +98,10 @@ impl MetaState {
             MetaCommand::MergeRanges(merge) => self.merge_ranges(merge),
             MetaCommand::RollSegment(roll) => self.roll_segment(roll),
             MetaCommand::CommitPositions(commit) => self.commit_positions(commit),
+            MetaCommand::GroupHeartbeat(heartbeat) => self.group_heartbeat(heartbeat),
+            MetaCommand::LeaveGroupMember { topic_id, group, member, now_ms, session_ms } => {
+                self.leave_group_member(topic_id, &group, &member, now_ms, session_ms)
+            }
             MetaCommand::DeleteGroup { topic_id, group } => self.delete_group(topic_id, &group),
             MetaCommand::DefinePolicy { name, fields } => self.legacy_define(name, &fields),
             MetaCommand::DeletePolicy { name, .. } => {

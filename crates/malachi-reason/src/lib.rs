@@ -177,6 +177,8 @@ reasons! {
     InvalidGroup = "invalid_group",
     GenerationMismatch = "generation_mismatch",
     TooManyGroups = "too_many_groups",
+    /// Ours: a consumer group has as many members as it may (`max_members_per_group`).
+    TooManyMembers = "too_many_members",
     SegmentActive = "segment_active",
     SegmentNotOldest = "segment_not_oldest",
     SegmentRangeMismatch = "segment_range_mismatch",

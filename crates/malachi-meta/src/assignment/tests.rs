@@ -23,6 +23,7 @@ fn group_finished(finished: &[u32]) -> ConsumerGroup {
         generation: 1,
         positions: finished.iter().map(|&range_id| (range_id, GroupPosition::Finished)).collect(),
         updated_ms: 0,
+        membership: Default::default(),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::command::{CommitPositions, MetaCommand, MetaResponse};
+use crate::command::{CommitMember, CommitPositions, GroupHeartbeat, MetaCommand, MetaResponse};
 use crate::limits::MetaLimits;
 use crate::model::{GroupPosition, Position};
 use crate::state::MetaState;
@@ -27,6 +27,7 @@ fn commit(
         positions: positions.iter().copied().collect(),
         expected_generation: expected,
         now_ms: NOW_MS,
+        member: None,
     })
 }
 
@@ -121,4 +122,100 @@ fn delete_group_and_delete_topic_drop_positions() {
     apply_ok(&mut state, create("orders", None));
     let recreated = state.topic_by_name("orders").expect("recreated");
     assert!(recreated.groups.is_empty(), "a recreated topic starts without groups");
+}
+
+const SESSION_MS: u64 = 30_000;
+
+fn heartbeat(member: &str, applied: Option<u64>, now_ms: u64) -> MetaCommand {
+    MetaCommand::GroupHeartbeat(GroupHeartbeat {
+        topic_id: 1,
+        group: "workers".into(),
+        member: member.into(),
+        applied,
+        now_ms,
+        session_ms: SESSION_MS,
+    })
+}
+
+/// `(generation, ranges)` a heartbeat answered.
+fn told(state: &mut MetaState, member: &str, applied: Option<u64>, now_ms: u64) -> (u64, Vec<u32>) {
+    match apply_ok(state, heartbeat(member, applied, now_ms)) {
+        MetaResponse::GroupAssignment { generation, ranges } => (generation, ranges),
+        other => panic!("heartbeat answered {other:?}"),
+    }
+}
+
+fn member_commit(
+    member: &str,
+    generation: Option<u64>,
+    positions: &[(u32, GroupPosition)],
+) -> MetaCommand {
+    MetaCommand::CommitPositions(CommitPositions {
+        topic_id: 1,
+        group: "workers".to_string(),
+        positions: positions.iter().copied().collect(),
+        expected_generation: None,
+        now_ms: NOW_MS,
+        member: Some(CommitMember { member: member.into(), generation, session_ms: SESSION_MS }),
+    })
+}
+
+/// Members share the readable ranges (the split range 1's children wait for it), commits come
+/// only from the holder at the current generation, and draining range 1 hands its children out.
+#[test]
+fn members_share_ranges_and_commit_only_their_own() {
+    let mut state = fixture();
+    let (generation, ranges) = told(&mut state, "a", None, NOW_MS);
+    let first_generation = generation;
+    assert_eq!(ranges, vec![0, 1], "children 2 and 3 wait for range 1");
+    let (_, b_ranges) = told(&mut state, "b", None, NOW_MS + 1);
+    assert!(b_ranges.is_empty(), "a still reads both");
+    let (generation, ranges) = told(&mut state, "a", Some(generation), NOW_MS + 2);
+    assert_eq!(ranges, vec![0], "a is told to let range 1 go");
+    assert_refused(&mut state, member_commit("b", None, &[(1, at(2, 1))]), "not_owner");
+    let (generation, _) = told(&mut state, "a", Some(generation), NOW_MS + 3);
+    let (b_generation, b_ranges) = told(&mut state, "b", None, NOW_MS + 4);
+    assert_eq!(b_ranges, vec![1]);
+    let stale = member_commit("a", Some(first_generation), &[(0, at(1, 1))]);
+    assert_refused(&mut state, stale, "generation_mismatch");
+    apply_ok(&mut state, member_commit("a", Some(generation), &[(0, at(1, 1))]));
+    assert_refused(
+        &mut state,
+        member_commit("a", Some(b_generation), &[(1, at(2, 1))]),
+        "not_owner",
+    );
+    apply_ok(&mut state, member_commit("b", Some(b_generation), &[(1, GroupPosition::Finished)]));
+    let (_, b_ranges) = told(&mut state, "b", Some(b_generation), NOW_MS + 5);
+    let (_, a_ranges) = told(&mut state, "a", None, NOW_MS + 6);
+    let mut all: Vec<u32> = a_ranges.iter().chain(&b_ranges).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, vec![0, 2, 3], "range 1 drained: its children are read");
+    apply_ok(
+        &mut state,
+        MetaCommand::LeaveGroupMember {
+            topic_id: 1,
+            group: "workers".into(),
+            member: "b".into(),
+            now_ms: NOW_MS + 7,
+            session_ms: SESSION_MS,
+        },
+    );
+    let (_, a_ranges) = told(&mut state, "a", None, NOW_MS + 8);
+    assert_eq!(a_ranges, vec![0, 2, 3], "b left: a reads all");
+}
+
+/// Groups without members serialize as they did before membership existed; refusals change
+/// nothing.
+#[test]
+fn membership_refusals_and_storage() {
+    let mut state = fixture();
+    apply_ok(&mut state, commit(1, "plain", &[(0, at(1, 3))], None));
+    let json = serde_json::to_string(state.group(1, "plain").expect("group")).expect("json");
+    assert!(!json.contains("membership"), "{json}");
+    assert_refused(&mut state, heartbeat("bad\nname", None, NOW_MS), "invalid_group");
+    let mut heartbeat_elsewhere = heartbeat("a", None, NOW_MS);
+    if let MetaCommand::GroupHeartbeat(beat) = &mut heartbeat_elsewhere {
+        beat.topic_id = 99;
+    }
+    assert_refused(&mut state, heartbeat_elsewhere, "no_such_topic");
 }

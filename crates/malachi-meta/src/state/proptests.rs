@@ -610,6 +610,7 @@ fn position_steps(model: &Model) -> BoxedStrategy<Step> {
             positions: [(pick.range_id, position)].into_iter().collect(),
             expected_generation: None,
             now_ms,
+            member: None,
         }))
     });
     let expire = (select(picks), any::<prop::sample::Index>()).prop_map(|(pick, index)| {
