@@ -8,9 +8,9 @@
 //! last applied what it was told: its *held* ranges. A range moves in two steps. The first
 //! assignment takes it from its reader (a new generation without it), and the range stays held
 //! until that reader heartbeats saying it applied the answer that left it out (it stopped
-//! reading the range) or is dropped; only then does an assignment give it to another member. So the member
-//! that had a range and the member that gets it never hold it together, and a commit for a range
-//! is taken only from the member that holds it, at the current generation.
+//! reading the range) or is dropped; only then does an assignment give it to another member.
+//! So the member that had a range and the member that gets it never hold it together, and a
+//! commit for a range is taken only from the member that holds it, at the current generation.
 //!
 //! Assignment is [`crate::assignment::assign`]'s: balanced, sticky, children after parents.
 

@@ -168,7 +168,8 @@ proptest! {
                 told.insert(member, answer.generation);
             }
         }
-        let counts: Vec<usize> = group.members.values().map(|member| member.assigned.len()).collect();
+        let counts: Vec<usize> =
+            group.members.values().map(|member| member.assigned.len()).collect();
         let all: BTreeSet<u32> =
             group.members.values().flat_map(|member| member.assigned.iter().copied()).collect();
         prop_assert_eq!(all, readable);
