@@ -18,7 +18,8 @@ use proptest::sample::select;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 
 use crate::command::{
-    CommitPositions, CreateTopic, MergeRanges, MetaCommand, MetaResponse, RollSegment, SplitRange,
+    CommitPositions, CreateTopic, GroupHeartbeat, MergeRanges, MetaCommand, MetaResponse,
+    RollSegment, SplitRange,
 };
 use crate::keyspace::Extent;
 use crate::limits::MetaLimits;
@@ -394,6 +395,20 @@ impl Model {
         plan
     }
 
+    /// A member's heartbeat (which creates its group, commit generation 0) or leave. Which
+    /// ranges it is told is the membership machine's business (its own properties); here the
+    /// whole-state check runs over memberships on every reshaped, expiring topic.
+    fn member_call(&mut self, topic_id: u64, group: &str, member: &str, creates: bool) -> Outcome {
+        let topic = self.topics.get_mut(&topic_id).ok_or("no_such_topic")?;
+        if group.is_empty() || member.is_empty() {
+            return refuse("invalid_group");
+        }
+        if creates {
+            topic.generations.entry(group.to_string()).or_insert(0);
+        }
+        Ok(())
+    }
+
     fn apply_command(&mut self, command: &MetaCommand) -> Outcome {
         match command {
             MetaCommand::CreateTopic(create) => {
@@ -404,6 +419,12 @@ impl Model {
             MetaCommand::MergeRanges(merge) => self.merge(merge),
             MetaCommand::RollSegment(roll) => self.roll(roll),
             MetaCommand::CommitPositions(commit) => self.commit(commit),
+            MetaCommand::GroupHeartbeat(beat) => {
+                self.member_call(beat.topic_id, &beat.group, &beat.member, true)
+            }
+            MetaCommand::LeaveGroupMember { topic_id, group, member, .. } => {
+                self.member_call(*topic_id, group, member, false)
+            }
             MetaCommand::ExpireSegments { segments } => self.expire(segments),
             MetaCommand::ReclaimDone { segment_ids, node_id: None } => {
                 segment_ids.iter().for_each(|id| {
@@ -588,6 +609,7 @@ fn range_steps(model: &Model) -> BoxedStrategy<Step> {
 fn position_steps(model: &Model) -> BoxedStrategy<Step> {
     let now_ms = model.now_ms;
     let picks = range_picks(model);
+    let picks_for_members = picks.clone();
     let commit = (
         select(picks.clone()),
         any::<prop::sample::Index>(),
@@ -624,8 +646,39 @@ fn position_steps(model: &Model) -> BoxedStrategy<Step> {
         };
         Step::Command(MetaCommand::ExpireSegments { segments })
     });
-    prop_oneof![3 => commit, 1 => expire].boxed()
+    let member = (
+        select(picks_for_members.clone()),
+        select(vec!["g", "h", ""]),
+        select(vec!["m1", "m2", "m3", ""]),
+        proptest::option::of(0u64..4),
+        any::<bool>(),
+    );
+    let member = member.prop_map(move |(pick, group, member, applied, leaves)| {
+        let (topic_id, group, member) = (pick.topic_id, group.to_string(), member.to_string());
+        Step::Command(if leaves {
+            MetaCommand::LeaveGroupMember {
+                topic_id,
+                group,
+                member,
+                now_ms,
+                session_ms: MEMBER_SESSION_MS,
+            }
+        } else {
+            MetaCommand::GroupHeartbeat(GroupHeartbeat {
+                topic_id,
+                group,
+                member,
+                applied,
+                now_ms,
+                session_ms: MEMBER_SESSION_MS,
+            })
+        })
+    });
+    prop_oneof![3 => commit, 1 => expire, 2 => member].boxed()
 }
+
+/// Short, so that members time out within a run (the clock moves 7 ms a step).
+const MEMBER_SESSION_MS: u64 = 50;
 
 fn housekeeping_steps(model: &Model) -> BoxedStrategy<Step> {
     let now_ms = model.now_ms;
