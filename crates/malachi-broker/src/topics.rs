@@ -85,10 +85,16 @@ impl Broker {
     /// broker whose metadata lags (cut off, or a moment behind) would go on acknowledging
     /// appends to a topic already deleted, records nobody could ever read.
     pub async fn delete_topic(&self, name: &str) -> Result<(), LogError> {
-        let _reshape = self.ring.named(name).reshape_lock.lock().await;
+        // The incarnation a delete means is the one its name has when the request arrives. The
+        // vnode's reshape lock can be held for seconds (a roll waiting out a partition), and a
+        // delete that resolved the name only once it had the lock deleted an incarnation created
+        // after its client gave up, retried the delete elsewhere, created the topic anew and
+        // had records acknowledged there (cluster soak seed 3008454, `LostWrite`).
         self.see_topic(name).await?;
+        let meant = self.topic_id(name)?;
+        let _reshape = self.ring.named(name).reshape_lock.lock().await;
         let heads = self.read_meta_named(name, |meta| {
-            let topic = meta.topic_by_name(name)?;
+            let topic = meta.topic_by_name(name).filter(|topic| topic.topic_id == meant)?;
             let heads: Vec<SegmentKey> = topic
                 .active_ranges()
                 .filter_map(|range| {
@@ -101,8 +107,7 @@ impl Broker {
                 .collect();
             Some(heads)
         });
-        let topic_id = self.topic_id(name).ok();
-        tracing::debug!(node = self.node_id, name, ?topic_id, ?heads, "deleting");
+        tracing::debug!(node = self.node_id, name, topic_id = meant, ?heads, "deleting");
         let Some(heads) = heads else { return Err(LogError::NoSuchTopic) };
         for &key in &heads {
             self.coordination.seal_anywhere(key).await?;

@@ -133,7 +133,7 @@ fn the_cut_damage_canary_is_caught() {
 const CLUSTER_SEEDS: std::ops::Range<u64> = 0..8;
 /// Cluster seeds that found bugs (docs/testing.md says what each found).
 const CLUSTER_REGRESSION_SEEDS: &[u64] =
-    &[204, 264, 326, 1284, 2432, 20023, 21789, 21804, 21843, 2000505, 2004939];
+    &[204, 264, 326, 1284, 2432, 20023, 21789, 21804, 21843, 2000505, 2004939, 3008454];
 
 #[test]
 fn cluster_seeds_pass() {
