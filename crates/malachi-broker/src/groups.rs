@@ -212,7 +212,7 @@ fn to_range_position(
 }
 
 /// A range-wide offset as the (segment, offset) metadata stores.
-fn to_group_position(
+pub(crate) fn to_group_position(
     meta: &malachi_meta::MetaState,
     topic: &Topic,
     range_id: u32,

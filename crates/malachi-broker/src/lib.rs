@@ -38,6 +38,7 @@ pub mod lag;
 pub mod load;
 pub mod machines;
 pub mod maintenance;
+pub mod members;
 pub mod metrics;
 pub mod node;
 pub mod notify;

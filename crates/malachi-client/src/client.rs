@@ -378,6 +378,61 @@ impl Client {
         Ok(())
     }
 
+    /// Key 32: joins `member` to `group` in the topic's replicated membership; the answer is
+    /// the generation and the ranges this member reads. Heartbeat within `session_ms`.
+    pub async fn join_group(
+        &self,
+        topic: &str,
+        group: &str,
+        member: &str,
+    ) -> Result<Assignment, ClientError> {
+        let request = JoinGroupRequest {
+            topic: Some(text(topic)),
+            group: Some(text(group)),
+            member: Some(text(member)),
+        };
+        Ok(call!(self, JoinGroup(request)))
+    }
+
+    /// Key 33: keeps `member` alive. `generation` is the last assignment the member applied
+    /// (it reads only those ranges now): ranges it gave up can then move to other members.
+    pub async fn group_heartbeat(
+        &self,
+        topic: &str,
+        group: &str,
+        member: &str,
+        generation: u64,
+    ) -> Result<Assignment, ClientError> {
+        let request = GroupHeartbeatRequest {
+            topic: Some(text(topic)),
+            group: Some(text(group)),
+            member: Some(text(member)),
+            generation,
+        };
+        Ok(call!(self, GroupHeartbeat(request)))
+    }
+
+    /// Key 34: commits `member`'s positions at `generation`; refused with
+    /// `generation_mismatch` after a rebalance and `not_owner` for a range it does not hold.
+    pub async fn commit_offsets(
+        &self,
+        topic: &str,
+        group: &str,
+        member: &str,
+        generation: u64,
+        offsets: Vec<RangePosition>,
+    ) -> Result<(), ClientError> {
+        let request = CommitOffsetsRequest {
+            topic: Some(text(topic)),
+            group: Some(text(group)),
+            member: Some(text(member)),
+            generation,
+            offsets,
+        };
+        call!(self, CommitOffsets(request));
+        Ok(())
+    }
+
     /// Key 8. `permissions` among `admin`, `produce`, `consume`.
     pub async fn create_user(
         &self,

@@ -47,10 +47,11 @@ pub use tls::TlsOptions;
 
 /// The wire types the client's methods take and return.
 pub use malachi_wire::messages::{
-    ClusterBroker, ClusterGroup, ClusterStateResponse, ClusterStatusResponse, CopyDescription,
-    DescribeSegmentsResponse, DescribeTopicResponse, DrainBrokerResponse, EffectiveField,
-    GroupLagDescription, GroupLagResponse, LagStanding, NamedPolicy, Origin, RangeDescription,
-    RangeLagDescription, RangeState, Resolution, SegmentDescription, SegmentState,
-    TopicPolicyResponse,
+    Assignment, ClusterBroker, ClusterGroup, ClusterStateResponse, ClusterStatusResponse,
+    CopyDescription, DescribeSegmentsResponse, DescribeTopicResponse, DrainBrokerResponse,
+    EffectiveField, GroupLagDescription, GroupLagResponse, LagStanding, NamedPolicy, Origin,
+    RangeDescription, RangeLagDescription, RangePosition, RangeState, Resolution,
+    SegmentDescription, SegmentState, TopicPolicyResponse,
 };
+pub use malachi_wire::shapes::Position;
 pub use malachi_wire::{Header, PolicyField, PolicyValue, Reason, Record, Request, Response};

@@ -16,10 +16,11 @@ use malachi_wire::{ApiKey, Reason, Request, Response};
 use crate::connection::{Connection, Outcome};
 use crate::convert::{self, text, text_bytes};
 
-/// Keys 25-34 (producer streams, consumer streams, wire groups) are behind the original's
-/// `producer_streams` flag, which is off: they answer `unsupported`.
+/// Keys 25-31 (routes, producer and consumer streams) are behind the original's
+/// `producer_streams` flag, which is off: they answer `unsupported`. The group keys 32-34 are
+/// served ([`crate::members`]).
 pub fn is_stream_key(key: ApiKey) -> bool {
-    (25..=34).contains(&key.as_u16())
+    (25..=34).contains(&key.as_u16()) && !crate::members::is_group_key(key)
 }
 
 pub(crate) async fn dispatch(connection: &mut Connection, corr: u32, request: Request) -> Outcome {
@@ -38,11 +39,21 @@ pub(crate) async fn dispatch(connection: &mut Connection, corr: u32, request: Re
                 return Connection::refuse(corr, Reason::PermissionDenied.as_str());
             }
             if let (Some(topic), Some(group), Some(member)) = (topic, group, member) {
-                connection.broker.groups().leave_group(&topic, &group, &member);
+                let groups = connection.broker.groups();
+                groups.leave_group(&topic, &group, &member);
+                if groups.is_replicated_member(&topic, &group, &member) {
+                    // Ok whatever happens (section 3.3); a member that did not leave times out.
+                    let _ = groups.leave_member(&topic, &group, &member).await;
+                }
             }
             Connection::reply(corr, Response::LeaveGroup(Empty))
         }
         Request::ClusterState(_) => cluster_state(connection, corr),
+        Request::JoinGroup(request) => crate::members::join(connection, corr, request).await,
+        Request::GroupHeartbeat(request) => {
+            crate::members::heartbeat(connection, corr, request).await
+        }
+        Request::CommitOffsets(request) => crate::members::commit(connection, corr, request).await,
         request if request.api_key().as_u16() >= ApiKey::ListTopics.as_u16() => {
             crate::extensions::handle(connection, corr, request).await
         }

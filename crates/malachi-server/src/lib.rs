@@ -11,6 +11,7 @@ mod extensions;
 pub mod jwt;
 mod limits;
 pub mod lockouts;
+mod members;
 mod password;
 mod policies;
 pub mod quota;
