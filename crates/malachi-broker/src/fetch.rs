@@ -60,14 +60,18 @@ pub struct FetchPage {
 }
 
 /// What reading one range returned.
-struct RangeRead {
-    records: Vec<Record>,
-    next: RangePosition,
-    skipped: u64,
+pub(crate) struct RangeRead {
+    pub(crate) records: Vec<Record>,
+    pub(crate) next: RangePosition,
+    /// The range-wide offsets of `records`: (first, count) per run read from one segment.
+    pub(crate) runs: Vec<(u64, u64)>,
+    /// One past the range's last record, as this read found it.
+    pub(crate) range_end: u64,
+    pub(crate) skipped: u64,
     wire_bytes: u64,
     /// A head this broker's metadata calls active is sealed where it is held: this broker is
     /// behind the range's moves, and records past it may exist that it does not know of.
-    behind: bool,
+    pub(crate) behind: bool,
 }
 
 /// Where an active segment ends, as the broker holding it says.
@@ -285,7 +289,7 @@ impl Broker {
     /// Reads one range from `offset`: at most `max` records and `budget` wire bytes; an
     /// over-budget record is taken only when `page_empty` (so one record always fits a page
     /// alone, and never overflows one).
-    async fn read_range(
+    pub(crate) async fn read_range(
         &self,
         topic: &Topic,
         range_id: u32,
@@ -296,6 +300,8 @@ impl Broker {
         let mut read = RangeRead {
             records: Vec::new(),
             next: RangePosition::At(offset),
+            runs: Vec::new(),
+            range_end: offset,
             skipped: 0,
             wire_bytes: 0,
             behind: false,
@@ -343,6 +349,7 @@ impl Broker {
             read.behind = true;
         }
         let range_end = spans.last().map_or(offset, |(_, end)| *end);
+        read.range_end = range_end;
         let mut full = false;
         for (span, end) in spans {
             if end <= offset {
@@ -371,6 +378,8 @@ impl Broker {
                 continue;
             };
             let got = records.len();
+            let run_first = offset;
+            let run_before = read.records.len();
             if got == 0 {
                 // Metadata says records lie here and the segment has none to give (a sealed
                 // file shorter than its recorded end): damage, never a silent end of the range.
@@ -389,6 +398,10 @@ impl Broker {
                 read.wire_bytes += bytes;
                 read.records.push(record);
                 offset += 1;
+            }
+            let run_records = (read.records.len() - run_before) as u64;
+            if run_records > 0 {
+                read.runs.push((run_first, run_records));
             }
             // A segment read that stopped short (its byte budget, a page limit) ends this
             // range's part of the page: moving to the next segment would skip the rest.

@@ -45,6 +45,7 @@ pub mod notify;
 pub mod peer;
 mod policies;
 pub mod produce;
+pub mod range_fetch;
 mod remote;
 pub mod replica;
 pub mod scrape;

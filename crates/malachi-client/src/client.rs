@@ -13,8 +13,10 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use malachi_wire::limits::FRAME_BYTES_MAX_DEFAULT;
+use malachi_wire::limits::{FRAME_BYTES_MAX_DEFAULT, INFLATED_BATCH_BYTES_MAX_DEFAULT};
 use malachi_wire::messages::*;
+use malachi_wire::shapes::{Accept, Start};
+use malachi_wire::{BatchLimits, PositionedEntry};
 use malachi_wire::{PolicyField, Record, Request, Response};
 use tokio::net::TcpStream;
 
@@ -376,6 +378,38 @@ impl Client {
         };
         call!(self, LeaveGroup(request));
         Ok(())
+    }
+
+    /// Key 31: one page of one range of `topic` from `start`, each record with its position
+    /// (what a group member commits with [`Client::commit_offsets`]). Waits up to `wait_ms`
+    /// for records when there are none; the timeout is the request timeout plus `wait_ms`.
+    pub async fn fetch_range(
+        &self,
+        topic: &str,
+        range: u32,
+        start: Start,
+        max: u32,
+        wait_ms: u32,
+    ) -> Result<(Page, Vec<PositionedEntry>), ClientError> {
+        let request = FetchRangeRequest {
+            topic: Some(text(topic)),
+            range,
+            routes_version: 0,
+            start,
+            max_records: max,
+            max_bytes: 0,
+            wait_ms,
+            accept: Accept(1),
+        };
+        let timeout = self.config.request_timeout + Duration::from_millis(wait_ms.into());
+        let page = match self.request_within(Request::FetchRange(request), timeout).await? {
+            Response::FetchRange(page) => page,
+            other => return Err(unexpected(other)),
+        };
+        let limits = BatchLimits { inflated_bytes_max: INFLATED_BATCH_BYTES_MAX_DEFAULT };
+        let entries =
+            page.entries(limits).map_err(|error| ClientError::Protocol(error.to_string()))?;
+        Ok((page, entries))
     }
 
     /// Key 32: joins `member` to `group` in the topic's replicated membership; the answer is

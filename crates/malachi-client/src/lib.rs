@@ -45,13 +45,14 @@ pub use error::ClientError;
 pub use subscription::Subscription;
 pub use tls::TlsOptions;
 
+pub use malachi_wire::PositionedEntry;
 /// The wire types the client's methods take and return.
 pub use malachi_wire::messages::{
     Assignment, ClusterBroker, ClusterGroup, ClusterStateResponse, ClusterStatusResponse,
     CopyDescription, DescribeSegmentsResponse, DescribeTopicResponse, DrainBrokerResponse,
-    EffectiveField, GroupLagDescription, GroupLagResponse, LagStanding, NamedPolicy, Origin,
+    EffectiveField, GroupLagDescription, GroupLagResponse, LagStanding, NamedPolicy, Origin, Page,
     RangeDescription, RangeLagDescription, RangePosition, RangeState, Resolution,
     SegmentDescription, SegmentState, TopicPolicyResponse,
 };
-pub use malachi_wire::shapes::Position;
+pub use malachi_wire::shapes::{Position, Start};
 pub use malachi_wire::{Header, PolicyField, PolicyValue, Reason, Record, Request, Response};

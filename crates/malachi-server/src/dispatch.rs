@@ -16,11 +16,11 @@ use malachi_wire::{ApiKey, Reason, Request, Response};
 use crate::connection::{Connection, Outcome};
 use crate::convert::{self, text, text_bytes};
 
-/// Keys 25-31 (routes, producer and consumer streams) are behind the original's
-/// `producer_streams` flag, which is off: they answer `unsupported`. The group keys 32-34 are
-/// served ([`crate::members`]).
+/// Keys 25-30 (routes, producer and consumer streams) are behind the original's
+/// `producer_streams` flag, which is off: they answer `unsupported`. The members' keys 31-34
+/// are served ([`crate::members`]).
 pub fn is_stream_key(key: ApiKey) -> bool {
-    (25..=34).contains(&key.as_u16()) && !crate::members::is_group_key(key)
+    (25..=34).contains(&key.as_u16()) && !crate::members::is_member_key(key)
 }
 
 pub(crate) async fn dispatch(connection: &mut Connection, corr: u32, request: Request) -> Outcome {
@@ -49,6 +49,9 @@ pub(crate) async fn dispatch(connection: &mut Connection, corr: u32, request: Re
             Connection::reply(corr, Response::LeaveGroup(Empty))
         }
         Request::ClusterState(_) => cluster_state(connection, corr),
+        Request::FetchRange(request) => {
+            crate::members::fetch_range(connection, corr, request).await
+        }
         Request::JoinGroup(request) => crate::members::join(connection, corr, request).await,
         Request::GroupHeartbeat(request) => {
             crate::members::heartbeat(connection, corr, request).await

@@ -8,7 +8,7 @@ mod harness;
 use std::collections::BTreeSet;
 
 use harness::start;
-use malachi_client::{Assignment, Client, ClientConfig, ClientError, Record};
+use malachi_client::{Assignment, Client, ClientConfig, ClientError, Record, Request, Start};
 use malachi_wire::messages::RangePosition;
 use malachi_wire::shapes::Position;
 
@@ -156,4 +156,110 @@ async fn members_need_consume_and_a_topic() {
     let told = admin.join_group("orders", "g", "m").await.unwrap();
     assert_eq!(told.ranges.len(), 1);
     assert_eq!(told.session_ms, 30_000);
+}
+
+/// Every record of `range` from `start` on, page by page: (offsets read, where to go on).
+async fn read_all(client: &Client, range: u32, start: Start) -> (Vec<u64>, Position) {
+    let mut offsets = Vec::new();
+    let mut start = start;
+    loop {
+        let (page, entries) = client.fetch_range("orders", range, start, 7, 0).await.unwrap();
+        offsets.extend(entries.iter().map(|entry| entry.position.offset));
+        assert!(entries.iter().all(|entry| entry.position.source_index == page.next.source_index));
+        if entries.is_empty() {
+            assert_eq!(page.backlog, 0);
+            return (offsets, page.next);
+        }
+        start = Start::Position(page.next);
+    }
+}
+
+/// A member reads each of its ranges with positions from the group's checkpoint, commits where
+/// it got to, and the group has nothing left; a reader waiting at the end gets the next record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_read_their_ranges_with_positions() {
+    let server = start(&[]).await;
+    let admin = login(&server, "admin", "admin-password-long").await;
+    let client = login(&server, "app", "app123").await;
+    admin.create_topic_with_ranges("orders", 2).await.unwrap();
+    let records: Vec<Record> = (0..60).map(|i| keyed(&format!("k{i}"))).collect();
+    admin.produce("orders", records).await.unwrap();
+    let ends = range_ends(&admin, "orders").await;
+    let told = client.join_group("orders", "g", "m").await.unwrap();
+    assert_eq!(told.ranges.len(), 2);
+    let mut offsets_committed = Vec::new();
+    for &range in &told.ranges {
+        let from_group = Start::Group(Some("g".into()));
+        let (offsets, next) = read_all(&client, range, from_group.clone()).await;
+        let expected: Vec<u64> = (0..ends[&range]).collect();
+        assert_eq!(offsets, expected, "range {range}: every record once, in order");
+        assert_eq!(next, Position { source_index: 0, offset: ends[&range] });
+        offsets_committed.push(RangePosition { range, position: next });
+        let (again, _) =
+            read_all(&client, range, Start::Position(Position { source_index: 0, offset: 3 }))
+                .await;
+        assert_eq!(again.first(), Some(&3), "a position starts a read where it says");
+    }
+    client.commit_offsets("orders", "g", "m", told.generation, offsets_committed).await.unwrap();
+    let lag = admin.group_lag("orders", Some("g")).await.unwrap();
+    assert_eq!(lag.groups[0].total, 0);
+    for &range in &told.ranges {
+        let (rest, _) = read_all(&client, range, Start::Group(Some("g".into()))).await;
+        assert!(rest.is_empty(), "the group's checkpoint is past every record of {range}");
+    }
+
+    // Refusals: an ancestor's index, a range the topic never had, no codec it can send.
+    let range = told.ranges[0];
+    let ancestor = Start::Position(Position { source_index: 1, offset: 0 });
+    assert_eq!(
+        reason(client.fetch_range("orders", range, ancestor, 10, 0).await),
+        "invalid_cursor"
+    );
+    assert_eq!(
+        reason(client.fetch_range("orders", 99, Start::Earliest, 10, 0).await),
+        "no_such_range"
+    );
+    let no_codec = Request::FetchRange(malachi_wire::messages::FetchRangeRequest {
+        topic: Some("orders".into()),
+        range,
+        routes_version: 0,
+        start: Start::Earliest,
+        max_records: 10,
+        max_bytes: 0,
+        wait_ms: 0,
+        accept: malachi_wire::shapes::Accept(2),
+    });
+    assert_eq!(reason(client.request(no_codec).await.map(|_| ())), "unsupported_codec");
+
+    // Latest starts at the end; a reader at the end of every range waits for the next records.
+    for &range in &told.ranges {
+        let (page, entries) =
+            client.fetch_range("orders", range, Start::Latest, 10, 0).await.unwrap();
+        assert!(entries.is_empty());
+        assert_eq!(page.next.offset, ends[&range], "latest is the end of range {range}");
+    }
+    let waiting = told.ranges.iter().map(|&range| {
+        let client = &client;
+        let end = Start::Position(Position { source_index: 0, offset: ends[&range] });
+        async move { client.fetch_range("orders", range, end, 100, 20_000).await.unwrap() }
+    });
+    let reads = futures_util::future::join_all(waiting);
+    let late: Vec<Record> = (0..20).map(|i| keyed(&format!("late{i}"))).collect();
+    let produce = async { admin.produce("orders", late).await.unwrap() };
+    let (pages, _) = tokio::join!(reads, produce);
+    let got: usize = pages.iter().map(|(_, entries)| entries.len()).sum();
+    assert!(got > 0 && got <= 20, "the waiting readers got late records: {got}");
+    for (&range, (_, entries)) in told.ranges.iter().zip(&pages) {
+        assert!(!entries.is_empty(), "range {range} got some of the 20 keys");
+        assert_eq!(entries[0].position.offset, ends[&range], "from where it waited");
+    }
+}
+
+fn keyed(key: &str) -> Record {
+    Record {
+        key: Some(key.to_string().into()),
+        value: key.to_string().into(),
+        timestamp_ms: 1,
+        headers: vec![],
+    }
 }
