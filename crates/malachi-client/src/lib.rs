@@ -4,7 +4,8 @@
 //! What this crate owns: one TCP connection per [`Client`], many requests in flight on it at
 //! once (a writer task, a reader task, and a map from `corr` to the waiting call), login on
 //! connect, timeouts, typed errors that keep the server's reason text, and small helpers on top:
-//! [`Consumer`] (cursor paging with group commits) and [`ProduceBatch`] (batching records).
+//! [`Consumer`] (cursor paging with group commits), [`GroupMember`] (a member of a group whose
+//! members share the ranges) and [`ProduceBatch`] (batching records).
 //!
 //! What it must never do:
 //! * Retry or reconnect behind the caller's back. A produce retried blindly can be written twice;
@@ -29,6 +30,7 @@ mod client;
 mod connection;
 mod consumer;
 mod error;
+mod member;
 mod subscription;
 mod tls;
 
@@ -42,6 +44,7 @@ pub use client::{Acl, Client, ClientConfig, Credentials, FetchOptions, Subscribe
 pub use connection::{StreamReader, StreamWriter};
 pub use consumer::{Consumer, ConsumerOptions};
 pub use error::ClientError;
+pub use member::{GroupMember, MemberOptions};
 pub use subscription::Subscription;
 pub use tls::TlsOptions;
 

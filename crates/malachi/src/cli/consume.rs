@@ -1,16 +1,18 @@
 //! `malachi consume TOPIC`: prints records, one value per line or one JSON object per line.
 //!
 //! Without `--follow` it reads until a page comes back empty (the topic is drained) and exits;
-//! with it, it long-polls for new records until Ctrl-C. With `--group`, each page is committed
-//! once it has been printed and flushed (at-least-once: a crash in between prints the page
-//! again next time). `--max N` stops after N records: pages ask for no more than that, but
+//! with it, it long-polls for new records until Ctrl-C. With `--group`, it joins the group as a
+//! member (keys 31-34): processes of one group share its ranges, and each page is committed once
+//! it has been printed and flushed (at-least-once: a crash in between prints the page again). `--max N` stops after N records: pages ask for no more than that, but
 //! `max` counts per range, so on a topic of several ranges the last page can hold more; such a
 //! page is printed only in part and not committed (the next run prints it again).
 
 use std::io::{self, Write};
 use std::time::Duration;
 
-use malachi_client::{ClientError, Consumer, ConsumerOptions, Record};
+use malachi_client::{
+    Client, ClientError, Consumer, ConsumerOptions, GroupMember, MemberOptions, Record,
+};
 
 use super::Session;
 use super::output::json_line;
@@ -27,7 +29,8 @@ pub struct ConsumeArgs {
     /// Read from this consumer group's position and commit each page to it.
     #[arg(long, value_name = "GROUP")]
     group: Option<String>,
-    /// Read as this member of --group: only the ranges the group assigns to it.
+    /// The member name to read as in --group (default: one made up for this process). The
+    /// group's members share its ranges.
     #[arg(long, value_name = "MEMBER", requires = "group")]
     member: Option<String>,
     /// Keep waiting for new records (long poll) instead of exiting once drained.
@@ -63,16 +66,10 @@ enum Printed {
 
 pub async fn run(args: ConsumeArgs) -> Result<(), String> {
     let session = Session::connect(&args.connection).await?;
-    let options = ConsumerOptions {
-        group: args.group.clone(),
-        member: args.member.clone(),
-        cursor: None,
-        from_start: args.from_start,
-        commit: false,
-        max: args.page_records,
-        wait_ms: if args.follow { args.wait_ms } else { 0 },
-    };
-    let mut consumer = Consumer::new(&session.client, &args.topic, options);
+    let joined = Reader::open(&session.client, &args).await;
+    let mut reader = joined.map_err(|error| {
+        session.fail_on(&format!("consume from {}", args.topic), &args.topic, &error)
+    })?;
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     let mut remaining = args.max.unwrap_or(u64::MAX);
@@ -83,9 +80,9 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
         // Ask for no more than --max still allows, so that (with one range) a page is never
         // cut short and every printed page can be committed.
         let page_max = u64::from(args.page_records).min(remaining);
-        consumer.set_max(u32::try_from(page_max).unwrap_or(args.page_records));
+        reader.set_max(u32::try_from(page_max).unwrap_or(args.page_records));
         let page = tokio::select! {
-            page = consumer.next_page() => page,
+            page = reader.next_page() => page,
             _ = &mut interrupted => break Ok(()),
         };
         let records = match page {
@@ -102,20 +99,78 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
             Printed::Whole => {}
             Printed::CutShort | Printed::Closed => break Ok(()),
         }
-        if let Err(error) = consumer.commit().await {
+        if let Err(error) = reader.commit().await {
             break Err(error);
         }
     };
-    if let (Some(group), Some(member)) = (&args.group, &args.member) {
+    if let Reader::Member(member) = reader {
         // Leave at once so the group rebalances now rather than after the session times out.
         // The broker answers in order, so an interrupted long poll delays the answer; past
         // the bound the session simply expires.
-        let leave = session.client.leave_group(&args.topic, group, member);
-        let _ = tokio::time::timeout(LEAVE_WAIT, leave).await;
+        let _ = tokio::time::timeout(LEAVE_WAIT, member.leave()).await;
     }
     outcome.map_err(|error: ClientError| {
         session.fail_on(&format!("consume from {}", args.topic), &args.topic, &error)
     })
+}
+
+/// What reads: a cursor over every range, or, with --group, a member of the group, which reads
+/// only the ranges the group hands it.
+enum Reader<'a> {
+    Cursor(Consumer<'a>),
+    Member(GroupMember<'a>),
+}
+
+impl<'a> Reader<'a> {
+    async fn open(client: &'a Client, args: &ConsumeArgs) -> Result<Reader<'a>, ClientError> {
+        let wait_ms = if args.follow { args.wait_ms } else { 0 };
+        let Some(group) = &args.group else {
+            let options = ConsumerOptions {
+                max: args.page_records,
+                wait_ms,
+                from_start: args.from_start,
+                ..ConsumerOptions::default()
+            };
+            return Ok(Reader::Cursor(Consumer::new(client, &args.topic, options)));
+        };
+        let member = args.member.clone().unwrap_or_else(made_up_member);
+        let options = MemberOptions {
+            max: args.page_records,
+            wait: Duration::from_millis(wait_ms.into()),
+            from_start: args.from_start,
+        };
+        let member = GroupMember::join(client, &args.topic, group, &member, options).await?;
+        Ok(Reader::Member(member))
+    }
+
+    async fn next_page(&mut self) -> Result<Vec<Record>, ClientError> {
+        match self {
+            Reader::Cursor(consumer) => consumer.next_page().await,
+            Reader::Member(member) => member.next_page().await,
+        }
+    }
+
+    async fn commit(&mut self) -> Result<(), ClientError> {
+        match self {
+            Reader::Cursor(consumer) => consumer.commit().await,
+            Reader::Member(member) => member.commit().await,
+        }
+    }
+
+    fn set_max(&mut self, max: u32) {
+        match self {
+            Reader::Cursor(consumer) => consumer.set_max(max),
+            Reader::Member(member) => member.set_max(max),
+        }
+    }
+}
+
+/// A member name no other process uses: this process's id and the time it started.
+fn made_up_member() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    format!("consume-{}-{nanos:x}", std::process::id())
 }
 
 /// Prints up to `remaining` records of the page and flushes.

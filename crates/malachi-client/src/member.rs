@@ -1,0 +1,230 @@
+//! [`GroupMember`]: one member of a consumer group whose members share a topic's ranges (keys
+//! 31-34). It joins, reads the ranges it is told one page at a time with each record's
+//! position, commits what the caller processed, and heartbeats; an answer that takes a range
+//! away is applied before the next heartbeat says so, which is what lets the group hand the range
+//! to another member.
+//!
+//! At-least-once, like [`crate::Consumer`]: a page is committed when the caller asks for the
+//! next one. A commit the group refuses (the member lost the range in a rebalance, or its
+//! session ran out) is dropped and the member rejoins; the range's new reader starts from the
+//! group's position, so those records are read again, never skipped.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use malachi_wire::messages::{Assignment, RangePosition};
+use malachi_wire::shapes::{Position, Start};
+use malachi_wire::{Reason, Record};
+use tokio::time::Instant;
+
+use crate::client::Client;
+use crate::error::ClientError;
+
+/// While every range is at its end: how long one wait for new records lasts (ranges are read in
+/// turn, so this bounds how late another range's new records are seen), and how often the
+/// member re-commits its positions and heartbeats (a range sealed at a position the member
+/// committed is drained only by a commit after the seal, which hands its children out).
+const IDLE_ROUND: Duration = Duration::from_millis(1_000);
+
+/// Commits of one page tried at successive generations before it is given up (rebalances
+/// faster than a commit are a group in turmoil; the records are then read again).
+const COMMIT_ATTEMPTS: usize = 4;
+
+/// How a [`GroupMember`] reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberOptions {
+    /// Records per page (0: the server's default, 100).
+    pub max: u32,
+    /// How long [`GroupMember::next_page`] waits for new records when there are none.
+    pub wait: Duration,
+    /// Read each range from its oldest retained record instead of the group's position
+    /// (commits still go to the group).
+    pub from_start: bool,
+}
+
+/// A member of `group` reading `topic`.
+#[derive(Debug)]
+pub struct GroupMember<'a> {
+    client: &'a Client,
+    topic: String,
+    group: String,
+    member: String,
+    options: MemberOptions,
+    /// The assignment acted on: only these ranges are read.
+    told: Assignment,
+    /// Where reading continues in each told range; absent: the group's position.
+    positions: BTreeMap<u32, Position>,
+    /// Positions read and returned but not yet committed.
+    uncommitted: BTreeMap<u32, Position>,
+    /// The next range to read, in turn.
+    turn: usize,
+    last_beat: Instant,
+    last_idle_round: Option<Instant>,
+}
+
+impl<'a> GroupMember<'a> {
+    /// Joins `member` to `group` on `topic`.
+    pub async fn join(
+        client: &'a Client,
+        topic: &str,
+        group: &str,
+        member: &str,
+        options: MemberOptions,
+    ) -> Result<GroupMember<'a>, ClientError> {
+        let told = client.join_group(topic, group, member).await?;
+        Ok(GroupMember {
+            client,
+            topic: topic.to_owned(),
+            group: group.to_owned(),
+            member: member.to_owned(),
+            options,
+            told,
+            positions: BTreeMap::new(),
+            uncommitted: BTreeMap::new(),
+            turn: 0,
+            last_beat: Instant::now(),
+            last_idle_round: None,
+        })
+    }
+
+    /// The ranges this member reads now.
+    pub fn ranges(&self) -> &[u32] {
+        &self.told.ranges
+    }
+
+    /// Changes the records per page of the next pages.
+    pub fn set_max(&mut self, max: u32) {
+        self.options.max = max;
+    }
+
+    /// The next records of the member's ranges (one range's page), first committing the
+    /// previous page. Empty after about `options.wait` with nothing new.
+    pub async fn next_page(&mut self) -> Result<Vec<Record>, ClientError> {
+        let wait = self.options.wait;
+        self.commit().await?;
+        if self.last_beat.elapsed() >= Duration::from_millis(self.told.session_ms as u64 / 3) {
+            self.heartbeat().await?;
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            for _ in 0..self.told.ranges.len() {
+                let range = self.told.ranges[self.turn % self.told.ranges.len()];
+                self.turn = self.turn.wrapping_add(1);
+                let records = self.read(range, 0).await?;
+                if !records.is_empty() {
+                    return Ok(records);
+                }
+            }
+            if self.idle_round(wait.is_zero()).await? {
+                continue; // told other ranges (children of a range it drained): read them
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Vec::new());
+            }
+            // Wait on one range (in turn) for new records, or only out the round.
+            let wait_ms = u32::try_from(left.min(IDLE_ROUND).as_millis()).unwrap_or(u32::MAX);
+            let Some(&range) = self.told.ranges.get(self.turn % self.told.ranges.len().max(1))
+            else {
+                tokio::time::sleep(left.min(IDLE_ROUND)).await;
+                continue;
+            };
+            let records = self.read(range, wait_ms).await?;
+            if !records.is_empty() {
+                return Ok(records);
+            }
+        }
+    }
+
+    /// Commits what was read and returned. A commit at a generation a rebalance left behind is
+    /// made again at the new one (the member still holds its ranges until it heartbeats having
+    /// applied that answer); one the group refuses for good (`not_owner`: the session ran out
+    /// and another member reads the range) is dropped.
+    pub async fn commit(&mut self) -> Result<(), ClientError> {
+        for _ in 0..COMMIT_ATTEMPTS {
+            if self.uncommitted.is_empty() {
+                return Ok(());
+            }
+            let offsets: Vec<RangePosition> = self
+                .uncommitted
+                .iter()
+                .map(|(&range, &position)| RangePosition { range, position })
+                .collect();
+            let generation = self.told.generation;
+            let member = &self.member;
+            let commit =
+                self.client.commit_offsets(&self.topic, &self.group, member, generation, offsets);
+            match commit.await {
+                Ok(()) => {
+                    self.uncommitted.clear();
+                    return Ok(());
+                }
+                Err(error) if error.reason() == Some(Reason::GenerationMismatch) => {
+                    self.heartbeat().await?;
+                }
+                Err(error) if error.reason() == Some(Reason::NotOwner) => break,
+                Err(error) => return Err(error),
+            }
+        }
+        // Another member reads these ranges now, from the group's position.
+        self.uncommitted.clear();
+        self.heartbeat().await
+    }
+
+    /// Leaves the group at once, so the others take the ranges over now.
+    pub async fn leave(self) -> Result<(), ClientError> {
+        self.client.leave_group(&self.topic, &self.group, &self.member).await
+    }
+
+    /// Heartbeats having applied the current assignment, and applies the answer.
+    async fn heartbeat(&mut self) -> Result<(), ClientError> {
+        let beat = self.client.group_heartbeat(
+            &self.topic,
+            &self.group,
+            &self.member,
+            self.told.generation,
+        );
+        let told = beat.await?;
+        self.last_beat = Instant::now();
+        self.apply(told);
+        Ok(())
+    }
+
+    /// Reads only the ranges `told` names from now on (their positions are kept). What was
+    /// read of the others is still committed: the member holds them until its next heartbeat.
+    fn apply(&mut self, told: Assignment) {
+        self.positions.retain(|range, _| told.ranges.contains(range));
+        self.told = told;
+    }
+
+    /// Every range is at its end: at most once a round (unless `now`), commit every position
+    /// (a range sealed since is then drained) and heartbeat (children of drained ranges are
+    /// then handed out). Whether the member's ranges changed.
+    async fn idle_round(&mut self, now: bool) -> Result<bool, ClientError> {
+        if !now && self.last_idle_round.is_some_and(|at| at.elapsed() < IDLE_ROUND) {
+            return Ok(false);
+        }
+        self.last_idle_round = Some(Instant::now());
+        let before = self.told.ranges.clone();
+        self.uncommitted.extend(self.positions.iter().map(|(&range, &position)| (range, position)));
+        self.commit().await?;
+        self.heartbeat().await?;
+        Ok(self.told.ranges != before)
+    }
+
+    async fn read(&mut self, range: u32, wait_ms: u32) -> Result<Vec<Record>, ClientError> {
+        let start = match self.positions.get(&range) {
+            Some(&position) => Start::Position(position),
+            None if self.options.from_start => Start::Earliest,
+            None => Start::Group(Some(self.group.clone().into())),
+        };
+        let max = self.options.max;
+        let (page, entries) =
+            self.client.fetch_range(&self.topic, range, start, max, wait_ms).await?;
+        self.positions.insert(range, page.next);
+        if !entries.is_empty() {
+            self.uncommitted.insert(range, page.next);
+        }
+        Ok(entries.into_iter().map(|entry| entry.record).collect())
+    }
+}
