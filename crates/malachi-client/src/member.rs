@@ -137,9 +137,9 @@ impl<'a> GroupMember<'a> {
     }
 
     /// Commits what was read and returned. A commit at a generation a rebalance left behind is
-    /// made again at the new one (the member still holds its ranges until it heartbeats having
-    /// applied that answer); one the group refuses for good (`not_owner`: the session ran out
-    /// and another member reads the range) is dropped.
+    /// made again at the new one, learnt by a join (a heartbeat that applies nothing), so the
+    /// member holds every range it read meanwhile; one the group refuses for good (`not_owner`:
+    /// the session ran out and another member reads the range) is dropped.
     pub async fn commit(&mut self) -> Result<(), ClientError> {
         for _ in 0..COMMIT_ATTEMPTS {
             if self.uncommitted.is_empty() {
@@ -160,7 +160,11 @@ impl<'a> GroupMember<'a> {
                     return Ok(());
                 }
                 Err(error) if error.reason() == Some(Reason::GenerationMismatch) => {
-                    self.heartbeat().await?;
+                    // The new generation, without saying the member applied anything: it
+                    // keeps holding every range it read, so the commit can be made again.
+                    let told = self.client.join_group(&self.topic, &self.group, &self.member);
+                    let told = told.await?;
+                    self.apply(told);
                 }
                 Err(error) if error.reason() == Some(Reason::NotOwner) => break,
                 Err(error) => return Err(error),

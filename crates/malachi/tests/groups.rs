@@ -131,6 +131,17 @@ async fn consumers_of_one_group_share_the_ranges_and_take_over_on_exit() {
     let expected = produce_batch(&client, batch).await;
     assert_once_and_in_order(&printed(&mut lines, &expected, &broker).await, &expected);
 
+    // Every range splits, each read to its end before: the group hands the children out only
+    // after a member commits its parent drained, which it does once it finds it sealed.
+    let admin = broker.connect_as("admin", "admin-password-long").await;
+    let described = admin.describe_topic("orders").await.unwrap();
+    for range in described.ranges.iter().filter(|range| range.children.is_empty()) {
+        admin.split_range("orders", range.range_id).await.unwrap();
+    }
+    batch += 1;
+    let expected = produce_batch(&client, batch).await;
+    assert_once_and_in_order(&printed(&mut lines, &expected, &broker).await, &expected);
+
     // a stops (Ctrl-C) and leaves: b reads every range.
     // SAFETY: a plain signal to a child this test owns.
     assert_eq!(unsafe { libc::kill(a.0.id() as i32, libc::SIGINT) }, 0);
