@@ -30,6 +30,10 @@ const IDLE_ROUND: Duration = Duration::from_millis(1_000);
 /// faster than a commit are a group in turmoil; the records are then read again).
 const COMMIT_ATTEMPTS: usize = 4;
 
+/// Heartbeats per session while busy: a range the group takes from this member moves on at
+/// its next heartbeat, so this bounds how long a new member waits (3 s of the 30 s session).
+const BEATS_PER_SESSION: u32 = 10;
+
 /// How a [`GroupMember`] reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemberOptions {
@@ -60,6 +64,8 @@ pub struct GroupMember<'a> {
     turn: usize,
     last_beat: Instant,
     last_idle_round: Option<Instant>,
+    /// When each range's position was last committed.
+    committed_at: BTreeMap<u32, Instant>,
 }
 
 impl<'a> GroupMember<'a> {
@@ -84,6 +90,7 @@ impl<'a> GroupMember<'a> {
             turn: 0,
             last_beat: Instant::now(),
             last_idle_round: None,
+            committed_at: BTreeMap::new(),
         })
     }
 
@@ -102,7 +109,9 @@ impl<'a> GroupMember<'a> {
     pub async fn next_page(&mut self) -> Result<Vec<Record>, ClientError> {
         let wait = self.options.wait;
         self.commit().await?;
-        if self.last_beat.elapsed() >= Duration::from_millis(self.told.session_ms as u64 / 3) {
+        if self.last_beat.elapsed()
+            >= Duration::from_millis(u64::from(self.told.session_ms / BEATS_PER_SESSION))
+        {
             self.heartbeat().await?;
         }
         let deadline = Instant::now() + wait;
@@ -156,6 +165,8 @@ impl<'a> GroupMember<'a> {
                 self.client.commit_offsets(&self.topic, &self.group, member, generation, offsets);
             match commit.await {
                 Ok(()) => {
+                    let now = Instant::now();
+                    self.committed_at.extend(self.uncommitted.keys().map(|&range| (range, now)));
                     self.uncommitted.clear();
                     return Ok(());
                 }
@@ -198,6 +209,7 @@ impl<'a> GroupMember<'a> {
     /// read of the others is still committed: the member holds them until its next heartbeat.
     fn apply(&mut self, told: Assignment) {
         self.positions.retain(|range, _| told.ranges.contains(range));
+        self.committed_at.retain(|range, _| told.ranges.contains(range));
         self.told = told;
     }
 
@@ -226,7 +238,10 @@ impl<'a> GroupMember<'a> {
         let (page, entries) =
             self.client.fetch_range(&self.topic, range, start, max, wait_ms).await?;
         self.positions.insert(range, page.next);
-        if !entries.is_empty() {
+        let stale = self.committed_at.get(&range).is_none_or(|at| at.elapsed() >= IDLE_ROUND);
+        if !entries.is_empty() || stale {
+            // A range at its end is committed again now and then, even while others keep the
+            // member busy: if it was sealed since, that commit drains it.
             self.uncommitted.insert(range, page.next);
         }
         Ok(entries.into_iter().map(|entry| entry.record).collect())
