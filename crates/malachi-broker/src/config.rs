@@ -65,6 +65,10 @@ pub struct BrokerConfig {
     pub max_active_ranges: u32,
     /// Live topics one non-administrator may have created.
     pub max_topics_per_user: u32,
+    /// How long a consumer group member may stay silent (no fetch, heartbeat or commit) before
+    /// the group drops it and hands its ranges to the others (`MALACHI_GROUP_SESSION_TIMEOUT_MS`,
+    /// ours; the original's fixed 30 s).
+    pub group_session_timeout_ms: u64,
     /// The node id a new data directory records (`MALACHI_NODE_ID`); an existing one keeps its
     /// own, and must agree with this if set.
     pub node_id: Option<u64>,
@@ -198,10 +202,13 @@ pub fn join_host_port(host: &str, port: u16) -> String {
 /// The address the client and inter-node ports listen on when nothing chooses one.
 pub const DEFAULT_BIND: &str = "127.0.0.1";
 
-/// The floor the original puts under the segment age threshold.
 /// Vnodes on a ring this broker creates, unless `MALACHI_LOG_VNODES` says otherwise.
 pub const VNODES_DEFAULT: u32 = 8;
+/// The floor the original puts under the segment age threshold.
 pub const SEGMENT_MAX_AGE_MS_MIN: u64 = 60_000;
+/// The shortest group session: a member idle in a long poll heartbeats about once a second,
+/// and a heartbeat is a metadata commit, so shorter sessions would drop members that live.
+pub const GROUP_SESSION_TIMEOUT_MS_MIN: u64 = 3_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -314,6 +321,8 @@ impl BrokerConfig {
             max_topics: sources.number("MAX_TOPICS", 10_000)?,
             max_active_ranges: sources.number("MAX_ACTIVE_RANGES", 16_384)?,
             max_topics_per_user: sources.number("MAX_TOPICS_PER_USER", 100)?,
+            group_session_timeout_ms: sources
+                .number("GROUP_SESSION_TIMEOUT_MS", crate::groups::SESSION_TIMEOUT_MS)?,
             node_id: sources.optional("NODE_ID", "a node id of 1 or more")?,
             attributes: attributes(sources)?,
             security: security::load(sources)?,
@@ -334,7 +343,7 @@ impl BrokerConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let checks: [(&str, bool, String); 7] = [
+        let checks: [(&str, bool, String); 8] = [
             (
                 "MALACHI_SEGMENT_MAX_AGE_MS",
                 self.segment_max_age_ms >= SEGMENT_MAX_AGE_MS_MIN,
@@ -366,6 +375,11 @@ impl BrokerConfig {
                 "MALACHI_MAX_OPEN_SEGMENTS",
                 self.max_open_segments >= 16,
                 "must be at least 16".into(),
+            ),
+            (
+                "MALACHI_GROUP_SESSION_TIMEOUT_MS",
+                self.group_session_timeout_ms >= GROUP_SESSION_TIMEOUT_MS_MIN,
+                format!("must be at least {GROUP_SESSION_TIMEOUT_MS_MIN}"),
             ),
             (
                 "MALACHI_REPLICATION_CATCH_UP_BYTES",

@@ -15,18 +15,25 @@ use crate::frontier::{self, Frontier};
 use crate::node::Core;
 use std::sync::{Arc, Mutex};
 
-/// A member that has not fetched or acked for this long leaves its group (the original's 30 s).
+/// A member that has not fetched or acked for this long leaves its group (the original's 30 s),
+/// unless `MALACHI_GROUP_SESSION_TIMEOUT_MS` says otherwise.
 pub const SESSION_TIMEOUT_MS: u64 = 30_000;
 /// Bound on live members of one group.
 pub const MEMBERS_PER_GROUP_MAX: usize = 10_000;
 
 /// Live members of every group on this node.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Members {
+    /// A member silent this long drops out.
+    session_ms: u64,
     groups: BTreeMap<(u64, String), BTreeMap<String, u64>>,
 }
 
 impl Members {
+    pub fn new(session_ms: u64) -> Members {
+        Members { session_ms, groups: BTreeMap::new() }
+    }
+
     /// Records that `member` is alive and returns the group's live members, sorted.
     pub fn heartbeat(
         &mut self,
@@ -35,8 +42,9 @@ impl Members {
         member: &str,
         now_ms: u64,
     ) -> Vec<String> {
+        let session_ms = self.session_ms;
         let members = self.groups.entry((topic_id, group.to_string())).or_default();
-        members.retain(|_, last_seen_ms| *last_seen_ms + SESSION_TIMEOUT_MS > now_ms);
+        members.retain(|_, last_seen_ms| *last_seen_ms + session_ms > now_ms);
         if members.len() < MEMBERS_PER_GROUP_MAX || members.contains_key(member) {
             members.insert(member.to_string(), now_ms);
         }
@@ -46,7 +54,7 @@ impl Members {
     /// Forgets members silent for a whole session and groups left empty.
     pub fn prune(&mut self, now_ms: u64) {
         for members in self.groups.values_mut() {
-            members.retain(|_, last_seen_ms| *last_seen_ms + SESSION_TIMEOUT_MS > now_ms);
+            members.retain(|_, last_seen_ms| *last_seen_ms + self.session_ms > now_ms);
         }
         self.groups.retain(|_, members| !members.is_empty());
     }
@@ -83,7 +91,8 @@ services_on_core!(Groups);
 
 impl Groups {
     pub(crate) fn new(core: Arc<Core>) -> Groups {
-        Groups { core, members: Mutex::default() }
+        let members = Members::new(core.config.group_session_timeout_ms);
+        Groups { core, members: Mutex::new(members) }
     }
 
     /// Drops the members whose session timed out by `now_ms`.
@@ -254,7 +263,7 @@ mod tests {
 
     #[test]
     fn silent_members_expire() {
-        let mut members = Members::default();
+        let mut members = Members::new(SESSION_TIMEOUT_MS);
         assert_eq!(members.heartbeat(1, "g", "a", 0), vec!["a"]);
         assert_eq!(members.heartbeat(1, "g", "b", 10_000), vec!["a", "b"]);
         assert_eq!(members.heartbeat(1, "g", "b", 30_000), vec!["b"], "a was silent for 30 s");

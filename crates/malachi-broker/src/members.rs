@@ -20,7 +20,7 @@ use malachi_meta::{
 
 use crate::cursor::RangePosition;
 use crate::error::LogError;
-use crate::groups::{Groups, SESSION_TIMEOUT_MS, to_group_position};
+use crate::groups::{Groups, to_group_position};
 
 /// What a member is told: the membership's generation and the ranges it reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,14 +80,14 @@ impl Groups {
             member: member.to_string(),
             applied,
             now_ms: self.clock.now_ms(),
-            session_ms: SESSION_TIMEOUT_MS,
+            session_ms: self.session_ms(),
         });
         let MetaResponse::GroupAssignment { generation, ranges } =
             self.propose_meta(topic.topic_id, command).await?
         else {
             unreachable!("a group heartbeat answers GroupAssignment");
         };
-        Ok(MemberAssignment { generation, session_ms: SESSION_TIMEOUT_MS, ranges })
+        Ok(MemberAssignment { generation, session_ms: self.session_ms(), ranges })
     }
 
     /// Durably commits `member`'s positions, refused (`generation_mismatch`) unless the group's
@@ -118,7 +118,7 @@ impl Groups {
             member: Some(CommitMember {
                 member: member.to_string(),
                 generation: Some(generation),
-                session_ms: SESSION_TIMEOUT_MS,
+                session_ms: self.session_ms(),
             }),
         });
         self.propose_meta(topic.topic_id, command).await?;
@@ -147,10 +147,17 @@ impl Groups {
             group: group.to_string(),
             member: member.to_string(),
             now_ms: self.clock.now_ms(),
-            session_ms: SESSION_TIMEOUT_MS,
+            session_ms: self.session_ms(),
         };
         self.propose_meta(topic.topic_id, command).await?;
         Ok(())
+    }
+}
+
+impl Groups {
+    /// How long a member may stay silent (`MALACHI_GROUP_SESSION_TIMEOUT_MS`).
+    fn session_ms(&self) -> u64 {
+        self.config.group_session_timeout_ms
     }
 }
 

@@ -12,6 +12,9 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use common::drill::longest_gap_in;
+use common::group::{
+    assert_once_and_in_order, consumer, printed, produce_batch, until_each_prints,
+};
 use common::load::{Load, assert_read_back};
 use common::{BrokerProcess, free_port, leader_of, vnodes_led};
 use malachi_client::{
@@ -20,6 +23,7 @@ use malachi_client::{
 };
 use malachi_transport::gossip_seal::GossipSeal;
 use malachi_transport::pki::{ClusterCa, ClusterFiles, Credentials};
+use tokio::sync::mpsc::unbounded_channel;
 
 const ADMIN_PASSWORD: &str = "admin-password-long";
 
@@ -1738,4 +1742,61 @@ async fn a_broker_that_lost_its_directory_rejoins_only_after_its_removal() {
     common::cluster_ready(&[back], &[1, 2, 3]).await;
     let (read, _) = common::drain(&members[2].admin().await, "lost-disk", None).await;
     assert_eq!(read.len(), 20, "the rejoined broker serves the topic");
+}
+
+/// Produces one batch over many keys (so over every range) to `topic`, retrying the retryable
+/// refusals of a cluster failing over, until one is acknowledged: every range's head is then
+/// writable again. The batch itself is not checked (a retried one may be stored twice).
+async fn until_writable(client: &Client, topic: &str) {
+    eventually_within(&format!("{topic} takes writes"), 60, || async {
+        let probe = (0..64).map(|key| RecordBuilder::new("probe").key(format!("p{key}")).build());
+        match client.produce(topic, probe.collect()).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.is_retryable() => Err(error.to_string()),
+            Err(error) => panic!("produce to {topic}: {error}"),
+        }
+    })
+    .await;
+}
+
+/// A consumer group outlives the broker leading its metadata: two `malachi consume --group`
+/// processes on another broker wait out the vnode's election (their commits are refused
+/// `metadata_unavailable` meanwhile) and go on reading every record once, each key in order,
+/// across the kill and a split of every range after it. Membership and positions are the
+/// vnode's replicated metadata, so the survivors know the group as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_group_outlives_the_death_of_its_metadata_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = start_cluster(dir.path(), 3).await;
+    create_topic(&members[0].admin().await, "orders", 4).await;
+    let status = leadership_spread(&members[0].admin().await, 3).await;
+    let leader = leader_of(&status, "orders");
+    let mut doomed = members.remove(leader as usize - 1);
+    let served = &members[0];
+    let client = served.process.connect().await;
+    let (sender, mut lines) = unbounded_channel();
+    let _a = consumer(&served.process, "a", sender.clone());
+    let _b = consumer(&served.process, "b", sender);
+    let mut batch = until_each_prints(&client, &mut lines, &served.process, 2, 0).await;
+
+    doomed.kill();
+    eprintln!("killed broker {leader}, the leader of the vnode holding orders");
+    until_writable(&client, "orders").await;
+    batch += 1;
+    let expected = produce_batch(&client, batch).await;
+    assert_once_and_in_order(&printed(&mut lines, &expected, &served.process).await, &expected);
+
+    let admin = served.admin().await;
+    let described = admin.describe_topic("orders").await.unwrap();
+    for range in described.ranges.iter().filter(|range| range.children.is_empty()) {
+        eventually_within(&format!("range {} splits", range.range_id), 30, || async {
+            admin.split_range("orders", range.range_id).await.map(drop).map_err(|e| e.to_string())
+        })
+        .await;
+    }
+    until_writable(&client, "orders").await;
+    batch += 1;
+    let expected = produce_batch(&client, batch).await;
+    let seen = printed(&mut lines, &expected, &served.process).await;
+    assert_once_and_in_order(&seen, &expected);
 }

@@ -1,107 +1,15 @@
 //! Consumer group members as real processes: two `malachi consume --group g --follow` share a
 //! topic's ranges (every record printed once, each key's records in order by whichever member
-//! reads them), and when one exits the other takes its ranges over.
+//! reads them), when one exits the other takes its ranges over at once, and when one is killed
+//! the other takes them over once the killed one's session runs out.
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
 use common::BrokerProcess;
-use malachi_client::{Client, Record, RecordBuilder};
-use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
-
-/// Keys per batch, and records per key.
-const KEYS: usize = 8;
-const PER_KEY: usize = 10;
-/// Bounds every wait for printed records: a failure, never a pace.
-const PRINT_WAIT: Duration = Duration::from_secs(60);
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A `malachi consume --group g --member NAME --follow` whose printed lines arrive on `lines`.
-fn consumer(
-    broker: &BrokerProcess,
-    name: &'static str,
-    lines: UnboundedSender<(String, String)>,
-) -> Killed {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_malachi"))
-        .args(["consume", "orders", "--group", "g", "--member", name, "--follow"])
-        .args(["--wait-ms", "500", "--server", &broker.address()])
-        .args(["--user", "app", "--password", common::PASSWORD])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines.send((name.to_string(), line));
-        }
-    });
-    Killed(child)
-}
-
-/// Batch `batch`: PER_KEY records for each of KEYS keys, valued `b<batch>:k<key>:<seq>`.
-async fn produce_batch(client: &Client, batch: usize) -> BTreeSet<String> {
-    let mut values = BTreeSet::new();
-    let mut records: Vec<Record> = Vec::new();
-    for seq in 0..PER_KEY {
-        for key in 0..KEYS {
-            let value = format!("b{batch}:k{key}:{seq}");
-            records.push(RecordBuilder::new(value.clone()).key(format!("k{key}")).build());
-            values.insert(value);
-        }
-    }
-    client.produce("orders", records).await.unwrap();
-    values
-}
-
-/// Who printed each value of `expected`, in the order each printed them; waits until every
-/// one was printed (other batches' lines are passed over).
-async fn printed(
-    lines: &mut UnboundedReceiver<(String, String)>,
-    expected: &BTreeSet<String>,
-    broker: &BrokerProcess,
-) -> Vec<(String, String)> {
-    let mut seen = Vec::new();
-    let mut missing = expected.clone();
-    while !missing.is_empty() {
-        let Ok(Some((who, line))) = tokio::time::timeout(PRINT_WAIT, lines.recv()).await else {
-            panic!("never printed: {missing:?}\n{}", broker.log());
-        };
-        if expected.contains(&line) {
-            missing.remove(&line);
-            seen.push((who, line));
-        }
-    }
-    seen
-}
-
-/// Every value printed once, and each key's records in order by each member that printed them.
-fn assert_once_and_in_order(seen: &[(String, String)], expected: &BTreeSet<String>) {
-    let values: Vec<&String> = seen.iter().map(|(_, value)| value).collect();
-    assert_eq!(values.len(), expected.len(), "printed twice: {seen:?}");
-    let mut last: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-    for (who, value) in seen {
-        let mut parts = value.split(':');
-        let (_, key, seq) = (parts.next(), parts.next().unwrap(), parts.next().unwrap());
-        let seq: usize = seq.parse().unwrap();
-        if let Some(previous) = last.insert((who, key), seq) {
-            assert!(previous < seq, "{who} printed {key}:{seq} after {key}:{previous}");
-        }
-    }
-}
+use common::group::{
+    Killed, assert_once_and_in_order, consumer, printed, produce_batch, until_each_prints,
+};
+use tokio::sync::mpsc::unbounded_channel;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_of_one_group_share_the_ranges_and_take_over_on_exit() {
@@ -115,18 +23,7 @@ async fn consumers_of_one_group_share_the_ranges_and_take_over_on_exit() {
     let _b = consumer(&broker, "b", sender);
 
     // Batches until both members print some of one: the group has dealt ranges to both.
-    let mut batch = 0;
-    loop {
-        batch += 1;
-        assert!(batch <= 100, "one member never got a range\n{}", broker.log());
-        let expected = produce_batch(&client, batch).await;
-        let seen = printed(&mut lines, &expected, &broker).await;
-        let printers: BTreeSet<&str> = seen.iter().map(|(who, _)| who.as_str()).collect();
-        if printers.len() == 2 {
-            eprintln!("both members printed from batch {batch} on");
-            break;
-        }
-    }
+    let mut batch = until_each_prints(&client, &mut lines, &broker, 2, 0).await;
     batch += 1;
     let expected = produce_batch(&client, batch).await;
     assert_once_and_in_order(&printed(&mut lines, &expected, &broker).await, &expected);
@@ -151,4 +48,28 @@ async fn consumers_of_one_group_share_the_ranges_and_take_over_on_exit() {
     let seen = printed(&mut lines, &expected, &broker).await;
     assert_once_and_in_order(&seen, &expected);
     assert!(seen.iter().all(|(who, _)| who == "b"), "a left, so b read it all: {seen:?}");
+}
+
+/// A member killed (SIGKILL: it cannot leave) keeps its ranges until its session runs out
+/// (`MALACHI_GROUP_SESSION_TIMEOUT_MS`, 3 s here); then the other member reads them all, each
+/// record once and each key in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_consumer_s_ranges_go_to_the_others_when_its_session_runs_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::new(dir.path()).env("MALACHI_GROUP_SESSION_TIMEOUT_MS", "3000");
+    let _serve = Killed(broker.spawn());
+    let client = broker.connect().await;
+    client.create_topic_with_ranges("orders", 4).await.unwrap();
+    let (sender, mut lines) = unbounded_channel();
+    let a = consumer(&broker, "a", sender.clone());
+    let _b = consumer(&broker, "b", sender);
+    let batch = until_each_prints(&client, &mut lines, &broker, 2, 0).await;
+
+    drop(a); // SIGKILL
+    let killed_at = std::time::Instant::now();
+    let expected = produce_batch(&client, batch + 1).await;
+    let seen = printed(&mut lines, &expected, &broker).await;
+    assert_once_and_in_order(&seen, &expected);
+    assert!(seen.iter().all(|(who, _)| who == "b"), "a is dead, so b read it all: {seen:?}");
+    eprintln!("b read a's ranges {} ms after the kill", killed_at.elapsed().as_millis());
 }

@@ -6,6 +6,10 @@
 //! it has been printed and flushed (at-least-once: a crash in between prints the page again). `--max N` stops after N records: pages ask for no more than that, but
 //! `max` counts per range, so on a topic of several ranges the last page can hold more; such a
 //! page is printed only in part and not committed (the next run prints it again).
+//!
+//! A refusal the broker calls retryable (`metadata_unavailable` while a vnode elects a leader
+//! after a broker died, `overloaded`) is waited out with a growing pause, for up to
+//! [`RETRY_FOR`] in a row, so a consumer outlives a failover; anything else ends the run.
 
 use std::io::{self, Write};
 use std::time::Duration;
@@ -20,6 +24,11 @@ use super::settings::ConnectionArgs;
 
 /// How long leaving the group may hold up the exit.
 const LEAVE_WAIT: Duration = Duration::from_secs(1);
+/// How long retryable refusals in a row are waited out before the run fails.
+const RETRY_FOR: Duration = Duration::from_secs(60);
+/// The first pause after a retryable refusal, doubled after each up to the last.
+const RETRY_PAUSE_FIRST: Duration = Duration::from_millis(100);
+const RETRY_PAUSE_LAST: Duration = Duration::from_secs(2);
 
 #[derive(clap::Args, Debug)]
 pub struct ConsumeArgs {
@@ -73,6 +82,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
     let mut remaining = args.max.unwrap_or(u64::MAX);
+    let mut retries = Retries::default();
     let outcome = loop {
         if remaining == 0 {
             break Ok(());
@@ -87,8 +97,17 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
         };
         let records = match page {
             Ok(records) => records,
-            Err(error) => break Err(error),
+            Err(error) => match retries.pause_after(error) {
+                Ok(pause) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => continue,
+                        _ = &mut interrupted => break Ok(()),
+                    }
+                }
+                Err(error) => break Err(error),
+            },
         };
+        retries = Retries::default();
         if records.is_empty() {
             if args.follow {
                 continue;
@@ -99,7 +118,10 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
             Printed::Whole => {}
             Printed::CutShort | Printed::Closed => break Ok(()),
         }
-        if let Err(error) = reader.commit().await {
+        // A commit refused for now is made again before the next page is read.
+        if let Err(error) = reader.commit().await
+            && let Err(error) = retries.pause_after(error)
+        {
             break Err(error);
         }
     };
@@ -112,6 +134,29 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
     outcome.map_err(|error: ClientError| {
         session.fail_on(&format!("consume from {}", args.topic), &args.topic, &error)
     })
+}
+
+/// Retryable refusals in a row: how long they have lasted and the next pause.
+#[derive(Debug, Default)]
+struct Retries {
+    first_at: Option<std::time::Instant>,
+    pause: Duration,
+}
+
+impl Retries {
+    /// The pause before trying again after `error`, or the error if it is not retryable or
+    /// the refusals have lasted [`RETRY_FOR`]. Only server refusals are retried: the
+    /// connection is this run's only one, so a lost connection ends it.
+    fn pause_after(&mut self, error: ClientError) -> Result<Duration, ClientError> {
+        let retryable = matches!(error, ClientError::Server { retryable: true, .. });
+        let first_at = *self.first_at.get_or_insert_with(std::time::Instant::now);
+        if !retryable || first_at.elapsed() >= RETRY_FOR {
+            return Err(error);
+        }
+        self.pause = (self.pause * 2).clamp(RETRY_PAUSE_FIRST, RETRY_PAUSE_LAST);
+        eprintln!("malachi consume: {error}; trying again in {} ms", self.pause.as_millis());
+        Ok(self.pause)
+    }
 }
 
 /// What reads: a cursor over every range, or, with --group, a member of the group, which reads
@@ -203,6 +248,22 @@ mod tests {
     use malachi_client::RecordBuilder;
 
     use super::*;
+
+    #[test]
+    fn retryable_refusals_are_waited_out_with_growing_pauses_and_others_end_the_run() {
+        let mut retries = Retries::default();
+        let pauses: Vec<u128> = (0..7)
+            .map(|_| retries.pause_after(ClientError::server(b"metadata_unavailable")))
+            .map(|pause| pause.expect("retryable").as_millis())
+            .collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 2000, 2000]);
+        let refused = retries.pause_after(ClientError::server(b"permission_denied"));
+        assert!(refused.is_err(), "a final refusal ends the run");
+        assert!(Retries::default().pause_after(ClientError::Closed).is_err(), "one connection");
+        let mut lasting =
+            Retries { first_at: Some(std::time::Instant::now() - RETRY_FOR), ..Default::default() };
+        assert!(lasting.pause_after(ClientError::server(b"metadata_unavailable")).is_err());
+    }
 
     #[test]
     fn plain_output_is_the_raw_value_per_line() {

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test binary uses its own part
 
 pub mod drill;
+pub mod group;
 pub mod http;
 pub mod load;
 pub mod network;
