@@ -186,6 +186,16 @@ impl<'a> GroupMember<'a> {
         self.heartbeat().await
     }
 
+    /// Commits what was read and heartbeats now, applying the answer: a member that just
+    /// joined learns the ranges others have given up since, and one that lost ranges to a
+    /// newcomer gives them up. [`GroupMember::next_page`] does this on its own every tenth of
+    /// the session; a caller that wants the group's shares settled before it starts (a
+    /// benchmark's clock) calls it until they are.
+    pub async fn refresh(&mut self) -> Result<(), ClientError> {
+        self.commit().await?;
+        self.heartbeat().await
+    }
+
     /// Leaves the group at once, so the others take the ranges over now.
     pub async fn leave(self) -> Result<(), ClientError> {
         self.client.leave_group(&self.topic, &self.group, &self.member).await

@@ -1,5 +1,6 @@
 //! `malachi bench`: benchmarks that print their figures next to a baseline from the same run.
 
+mod group;
 mod histogram;
 mod hostile;
 mod storage;
@@ -16,6 +17,9 @@ pub enum BenchCommand {
     /// The `wire` produce load alone, then while strangers who never log in attack the port
     /// (idle connections, oversized first frames, password guessing from many addresses).
     Hostile(hostile::HostileArgs),
+    /// A consumer group of several members draining a topic against a group of one, with
+    /// consumption the bottleneck (a pause per record).
+    Group(group::GroupArgs),
 }
 
 pub fn run(command: BenchCommand) -> Result<(), String> {
@@ -23,5 +27,6 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Storage(args) => storage::run(&args),
         BenchCommand::Wire(args) => wire::run(&args),
         BenchCommand::Hostile(args) => hostile::run(&args),
+        BenchCommand::Group(args) => group::run(&args),
     }
 }
