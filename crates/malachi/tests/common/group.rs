@@ -33,6 +33,16 @@ pub fn consumer(
     name: &'static str,
     lines: UnboundedSender<(String, String)>,
 ) -> Killed {
+    consumer_as(broker, name, name.to_string(), lines)
+}
+
+/// As [`consumer`], its lines labelled `label` (one process of several under one member name).
+pub fn consumer_as(
+    broker: &BrokerProcess,
+    name: &str,
+    label: String,
+    lines: UnboundedSender<(String, String)>,
+) -> Killed {
     let mut child = Command::new(env!("CARGO_BIN_EXE_malachi"))
         .args(["consume", "orders", "--group", "g", "--member", name, "--follow"])
         .args(["--wait-ms", "500", "--server", &broker.address()])
@@ -45,14 +55,14 @@ pub fn consumer(
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines.send((name.to_string(), line));
+            let _ = lines.send((label.clone(), line));
         }
     });
     Killed(child)
 }
 
 /// Batch `batch`: PER_KEY records for each of KEYS keys, valued `b<batch>:k<key>:<seq>`.
-pub async fn produce_batch(client: &Client, batch: usize) -> BTreeSet<String> {
+pub fn batch_of(batch: usize) -> (Vec<Record>, BTreeSet<String>) {
     let mut values = BTreeSet::new();
     let mut records: Vec<Record> = Vec::new();
     for seq in 0..PER_KEY {
@@ -62,6 +72,12 @@ pub async fn produce_batch(client: &Client, batch: usize) -> BTreeSet<String> {
             values.insert(value);
         }
     }
+    (records, values)
+}
+
+/// Produces batch `batch` (see [`batch_of`]); its values.
+pub async fn produce_batch(client: &Client, batch: usize) -> BTreeSet<String> {
+    let (records, values) = batch_of(batch);
     client.produce("orders", records).await.unwrap();
     values
 }
