@@ -240,6 +240,9 @@ async fn prime(
     group: &str,
     parents: &[u32],
 ) -> Result<(), ClientError> {
+    if parents.is_empty() {
+        return Ok(()); // no split: the group starts at the active ranges
+    }
     let told = client.join_group(topic, group, "primer").await?;
     let drained: Vec<RangePosition> = parents
         .iter()
