@@ -243,3 +243,25 @@ async fn consumers_killed_and_restarted_under_load_and_reshaping_miss_nothing() 
         );
     }
 }
+
+/// A member whose broker is killed and started again connects again and rejoins as the same
+/// member: it prints every record produced after the restart, once and in key order (the
+/// group's membership and positions are on the broker's disk).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_rejoins_when_its_broker_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::new(dir.path());
+    let serve = Killed(broker.spawn());
+    let client = broker.connect().await;
+    client.create_topic_with_ranges("orders", 4).await.unwrap();
+    let (sender, mut lines) = unbounded_channel();
+    let _a = consumer(&broker, "a", sender);
+    let expected = produce_batch(&client, 1).await;
+    assert_once_and_in_order(&printed(&mut lines, &expected, &broker).await, &expected);
+
+    drop(serve); // SIGKILL
+    let _serve = Killed(broker.spawn());
+    let client = broker.connect().await;
+    let expected = produce_batch(&client, 2).await;
+    assert_once_and_in_order(&printed(&mut lines, &expected, &broker).await, &expected);
+}

@@ -9,7 +9,9 @@
 //!
 //! A refusal the broker calls retryable (`metadata_unavailable` while a vnode elects a leader
 //! after a broker died, `overloaded`) is waited out with a growing pause, for up to
-//! [`RETRY_FOR`] in a row, so a consumer outlives a failover; anything else ends the run.
+//! [`RETRY_FOR`] in a row, so a consumer outlives a failover; anything else ends the run. With
+//! `--group`, a lost connection (the broker restarted) is followed by a new one, tried for as
+//! long, joining as the same member: the group's committed positions say where to go on.
 
 use std::io::{self, Write};
 use std::time::Duration;
@@ -74,22 +76,106 @@ enum Printed {
 }
 
 pub async fn run(args: ConsumeArgs) -> Result<(), String> {
-    let session = Session::connect(&args.connection).await?;
-    let joined = Reader::open(&session.client, &args).await;
-    let mut reader = joined.map_err(|error| {
-        session.fail_on(&format!("consume from {}", args.topic), &args.topic, &error)
-    })?;
     let interrupted = tokio::signal::ctrl_c();
     tokio::pin!(interrupted);
-    let mut remaining = args.max.unwrap_or(u64::MAX);
+    let mut run = Run {
+        remaining: args.max.unwrap_or(u64::MAX),
+        member: args.member.clone().unwrap_or_else(made_up_member),
+        from_start: args.from_start,
+    };
+    // After a lost connection: failures to connect and rejoin, and how long they have lasted.
+    let mut rejoining: Option<Retries> = None;
+    loop {
+        let session = match Session::connect(&args.connection).await {
+            Ok(session) => session,
+            Err(failure) => {
+                let Some(pause) = rejoining.as_mut().and_then(Retries::pause) else {
+                    return Err(failure);
+                };
+                if paused(&failure, pause, interrupted.as_mut()).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        let fail = |error: &ClientError| {
+            session.fail_on(&format!("consume from {}", args.topic), &args.topic, error)
+        };
+        let reader = match Reader::open(&session.client, &args, &run).await {
+            Ok(reader) => reader,
+            Err(error) => {
+                let transient = is_lost(&error) || error.is_retryable();
+                let retries = rejoining.as_mut().filter(|_| transient);
+                let Some(pause) = retries.and_then(Retries::pause) else {
+                    return Err(fail(&error));
+                };
+                if paused(&fail(&error), pause, interrupted.as_mut()).await {
+                    return Ok(());
+                }
+                continue;
+            }
+        };
+        match read(reader, &args, &mut run, interrupted.as_mut()).await {
+            Ended::Done(outcome) => return outcome.map_err(|error| fail(&error)),
+            Ended::Lost(error) => {
+                // The group holds the positions: a new connection joins as the same member
+                // and goes on from the last commit (a page printed and not yet committed is
+                // printed again).
+                eprintln!("malachi consume: connection lost ({error}); connecting again");
+                run.from_start = false;
+                rejoining = Some(Retries::default());
+            }
+        }
+    }
+}
+
+/// Says why, then waits `pause` before trying again; whether Ctrl-C came first.
+async fn paused(
+    failure: &str,
+    pause: Duration,
+    interrupted: std::pin::Pin<&mut impl std::future::Future>,
+) -> bool {
+    eprintln!("malachi consume: {failure}; trying again in {} ms", pause.as_millis());
+    tokio::select! {
+        () = tokio::time::sleep(pause) => false,
+        _ = interrupted => true,
+    }
+}
+
+/// What carries over from one connection to the next.
+struct Run {
+    /// Records --max still allows.
+    remaining: u64,
+    /// The member name, kept so a new connection rejoins as the same member.
+    member: String,
+    /// Whether a reader starts at the oldest records: only the first.
+    from_start: bool,
+}
+
+/// How reading over one connection ended.
+enum Ended {
+    /// For good: done, interrupted, or a failure a new connection would not cure.
+    Done(Result<(), ClientError>),
+    /// The connection failed under a group member: the run goes on over a new one.
+    Lost(ClientError),
+}
+
+/// Pages from `reader`, printed and committed, until the run ends or (for a group member) the
+/// connection is lost.
+async fn read(
+    mut reader: Reader<'_>,
+    args: &ConsumeArgs,
+    run: &mut Run,
+    mut interrupted: std::pin::Pin<&mut impl std::future::Future>,
+) -> Ended {
     let mut retries = Retries::default();
     let outcome = loop {
-        if remaining == 0 {
+        if run.remaining == 0 {
             break Ok(());
         }
         // Ask for no more than --max still allows, so that (with one range) a page is never
         // cut short and every printed page can be committed.
-        let page_max = u64::from(args.page_records).min(remaining);
+        let page_max = u64::from(args.page_records).min(run.remaining);
         reader.set_max(u32::try_from(page_max).unwrap_or(args.page_records));
         let page = tokio::select! {
             page = reader.next_page() => page,
@@ -97,6 +183,7 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
         };
         let records = match page {
             Ok(records) => records,
+            Err(error) if reader.is_member() && is_lost(&error) => return Ended::Lost(error),
             Err(error) => match retries.pause_after(error) {
                 Ok(pause) => {
                     tokio::select! {
@@ -114,15 +201,19 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
             }
             break Ok(());
         }
-        match print_page(&records, &mut remaining, args.json) {
+        match print_page(&records, &mut run.remaining, args.json) {
             Printed::Whole => {}
             Printed::CutShort | Printed::Closed => break Ok(()),
         }
         // A commit refused for now is made again before the next page is read.
-        if let Err(error) = reader.commit().await
-            && let Err(error) = retries.pause_after(error)
-        {
-            break Err(error);
+        match reader.commit().await {
+            Err(error) if reader.is_member() && is_lost(&error) => return Ended::Lost(error),
+            Err(error) => {
+                if let Err(error) = retries.pause_after(error) {
+                    break Err(error);
+                }
+            }
+            Ok(()) => {}
         }
     };
     if let Reader::Member(member) = reader {
@@ -131,9 +222,12 @@ pub async fn run(args: ConsumeArgs) -> Result<(), String> {
         // the bound the session simply expires.
         let _ = tokio::time::timeout(LEAVE_WAIT, member.leave()).await;
     }
-    outcome.map_err(|error: ClientError| {
-        session.fail_on(&format!("consume from {}", args.topic), &args.topic, &error)
-    })
+    Ended::Done(outcome)
+}
+
+/// Whether `error` means the connection is gone (or unanswered): a new one may go on.
+fn is_lost(error: &ClientError) -> bool {
+    matches!(error, ClientError::Transport(_) | ClientError::Closed | ClientError::Timeout)
 }
 
 /// Retryable refusals in a row: how long they have lasted and the next pause.
@@ -145,17 +239,24 @@ struct Retries {
 
 impl Retries {
     /// The pause before trying again after `error`, or the error if it is not retryable or
-    /// the refusals have lasted [`RETRY_FOR`]. Only server refusals are retried: the
-    /// connection is this run's only one, so a lost connection ends it.
+    /// the refusals have lasted [`RETRY_FOR`]. Only server refusals are retried here; a lost
+    /// connection is [`Ended::Lost`].
     fn pause_after(&mut self, error: ClientError) -> Result<Duration, ClientError> {
         let retryable = matches!(error, ClientError::Server { retryable: true, .. });
+        let pause = if retryable { self.pause() } else { None };
+        let Some(pause) = pause else { return Err(error) };
+        eprintln!("malachi consume: {error}; trying again in {} ms", pause.as_millis());
+        Ok(pause)
+    }
+
+    /// The next pause, or `None` once the failures have lasted [`RETRY_FOR`].
+    fn pause(&mut self) -> Option<Duration> {
         let first_at = *self.first_at.get_or_insert_with(std::time::Instant::now);
-        if !retryable || first_at.elapsed() >= RETRY_FOR {
-            return Err(error);
+        if first_at.elapsed() >= RETRY_FOR {
+            return None;
         }
         self.pause = (self.pause * 2).clamp(RETRY_PAUSE_FIRST, RETRY_PAUSE_LAST);
-        eprintln!("malachi consume: {error}; trying again in {} ms", self.pause.as_millis());
-        Ok(self.pause)
+        Some(self.pause)
     }
 }
 
@@ -167,24 +268,27 @@ enum Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    async fn open(client: &'a Client, args: &ConsumeArgs) -> Result<Reader<'a>, ClientError> {
+    async fn open(
+        client: &'a Client,
+        args: &ConsumeArgs,
+        run: &Run,
+    ) -> Result<Reader<'a>, ClientError> {
         let wait_ms = if args.follow { args.wait_ms } else { 0 };
         let Some(group) = &args.group else {
             let options = ConsumerOptions {
                 max: args.page_records,
                 wait_ms,
-                from_start: args.from_start,
+                from_start: run.from_start,
                 ..ConsumerOptions::default()
             };
             return Ok(Reader::Cursor(Consumer::new(client, &args.topic, options)));
         };
-        let member = args.member.clone().unwrap_or_else(made_up_member);
         let options = MemberOptions {
             max: args.page_records,
             wait: Duration::from_millis(wait_ms.into()),
-            from_start: args.from_start,
+            from_start: run.from_start,
         };
-        let member = GroupMember::join(client, &args.topic, group, &member, options).await?;
+        let member = GroupMember::join(client, &args.topic, group, &run.member, options).await?;
         Ok(Reader::Member(member))
     }
 
@@ -200,6 +304,10 @@ impl<'a> Reader<'a> {
             Reader::Cursor(consumer) => consumer.commit().await,
             Reader::Member(member) => member.commit().await,
         }
+    }
+
+    fn is_member(&self) -> bool {
+        matches!(self, Reader::Member(_))
     }
 
     fn set_max(&mut self, max: u32) {
