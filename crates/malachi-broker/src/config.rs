@@ -761,6 +761,10 @@ pub(super) mod tests {
                 ("MALACHI_REPLICATION_CATCH_UP_BYTES", "0"),
                 "MALACHI_REPLICATION_CATCH_UP_BYTES: must be at least 1",
             ),
+            (
+                ("MALACHI_GROUP_SESSION_TIMEOUT_MS", "2999"),
+                "MALACHI_GROUP_SESSION_TIMEOUT_MS: must be at least 3000",
+            ),
         ];
         for ((name, value), expected) in cases {
             let message = load(&[], &[(name, value)], &[]).unwrap_err().to_string();

@@ -91,8 +91,13 @@ services_on_core!(Groups);
 
 impl Groups {
     pub(crate) fn new(core: Arc<Core>) -> Groups {
-        let members = Members::new(core.config.group_session_timeout_ms);
-        Groups { core, members: Mutex::new(members) }
+        let members = Mutex::new(Members::new(core.config.group_session_timeout_ms));
+        Groups { core, members }
+    }
+
+    /// How long a member may stay silent (`MALACHI_GROUP_SESSION_TIMEOUT_MS`).
+    pub(crate) fn session_ms(&self) -> u64 {
+        self.core.config.group_session_timeout_ms
     }
 
     /// Drops the members whose session timed out by `now_ms`.

@@ -154,13 +154,6 @@ impl Groups {
     }
 }
 
-impl Groups {
-    /// How long a member may stay silent (`MALACHI_GROUP_SESSION_TIMEOUT_MS`).
-    fn session_ms(&self) -> u64 {
-        self.config.group_session_timeout_ms
-    }
-}
-
 /// The committed form of a member's position: `Finished` at (or past) a sealed range's end.
 fn member_position(
     meta: &MetaState,

@@ -18,13 +18,19 @@ use common::group::{
 use malachi_client::Client;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+/// Starts `broker`, and a client once it has created `orders` with 4 ranges.
+async fn serve_orders(broker: &BrokerProcess) -> (Killed, Client) {
+    let serve = Killed(broker.spawn());
+    let client = broker.connect().await;
+    client.create_topic_with_ranges("orders", 4).await.unwrap();
+    (serve, client)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consumers_of_one_group_share_the_ranges_and_take_over_on_exit() {
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::new(dir.path());
-    let _serve = Killed(broker.spawn());
-    let client = broker.connect().await;
-    client.create_topic_with_ranges("orders", 4).await.unwrap();
+    let (_serve, client) = serve_orders(&broker).await;
     let (sender, mut lines) = unbounded_channel();
     let mut a = consumer(&broker, "a", sender.clone());
     let _b = consumer(&broker, "b", sender);
@@ -64,9 +70,7 @@ async fn consumers_of_one_group_share_the_ranges_and_take_over_on_exit() {
 async fn a_killed_consumer_s_ranges_go_to_the_others_when_its_session_runs_out() {
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::new(dir.path()).env("MALACHI_GROUP_SESSION_TIMEOUT_MS", "3000");
-    let _serve = Killed(broker.spawn());
-    let client = broker.connect().await;
-    client.create_topic_with_ranges("orders", 4).await.unwrap();
+    let (_serve, client) = serve_orders(&broker).await;
     let (sender, mut lines) = unbounded_channel();
     let a = consumer(&broker, "a", sender.clone());
     let _b = consumer(&broker, "b", sender);
@@ -163,9 +167,7 @@ fn produced_order(value: &str) -> (String, (usize, usize)) {
 async fn consumers_killed_and_restarted_under_load_and_reshaping_miss_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::new(dir.path());
-    let _serve = Killed(broker.spawn());
-    let client = broker.connect().await;
-    client.create_topic_with_ranges("orders", 4).await.unwrap();
+    let (_serve, client) = serve_orders(&broker).await;
     let admin = broker.connect_as("admin", "admin-password-long").await;
     let (sender, mut lines) = unbounded_channel();
     let names = ["a", "b", "c"];
@@ -176,7 +178,7 @@ async fn consumers_killed_and_restarted_under_load_and_reshaping_miss_nothing() 
         .map(|name| consumer_as(&broker, name, label(name, 0), sender.clone()))
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let producer = tokio::spawn(produce_until(broker.connect().await, stop.clone()));
+    let producer = tokio::spawn(produce_until(client, stop.clone()));
 
     let mut seen = Vec::new();
     let mut killed = BTreeSet::new();
@@ -251,9 +253,7 @@ async fn consumers_killed_and_restarted_under_load_and_reshaping_miss_nothing() 
 async fn a_consumer_rejoins_when_its_broker_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let broker = BrokerProcess::new(dir.path());
-    let serve = Killed(broker.spawn());
-    let client = broker.connect().await;
-    client.create_topic_with_ranges("orders", 4).await.unwrap();
+    let (serve, client) = serve_orders(&broker).await;
     let (sender, mut lines) = unbounded_channel();
     let _a = consumer(&broker, "a", sender);
     let expected = produce_batch(&client, 1).await;

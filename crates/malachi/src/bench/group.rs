@@ -82,10 +82,7 @@ pub fn run(args: &GroupArgs) -> Result<(), String> {
                     2 to 256, --record-bytes at least 8"
             .into());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| format!("cannot start the async runtime: {error}"))?;
+    let runtime = super::runtime()?;
     runtime.block_on(measure(args))
 }
 

@@ -63,10 +63,7 @@ const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
 type Outcomes = Arc<Mutex<BTreeMap<String, u64>>>;
 
 pub fn run(args: &HostileArgs) -> Result<(), String> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| format!("cannot start the async runtime: {error}"))?;
+    let runtime = super::runtime()?;
     runtime.block_on(hostile(args))
 }
 

@@ -30,3 +30,11 @@ pub fn run(command: BenchCommand) -> Result<(), String> {
         BenchCommand::Group(args) => group::run(&args),
     }
 }
+
+/// The runtime a benchmark's load runs on.
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| format!("cannot start the async runtime: {error}"))
+}

@@ -152,10 +152,7 @@ pub fn run(args: &WireArgs) -> Result<(), String> {
     if args.connections == 0 || args.batch == 0 || args.seconds.is_nan() || args.seconds <= 0.0 {
         return Err("--connections, --batch and --seconds must be positive".into());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|error| format!("cannot start the async runtime: {error}"))?;
+    let runtime = super::runtime()?;
     let runs: Vec<Option<u32>> = if args.ranges.is_empty() {
         vec![None]
     } else {

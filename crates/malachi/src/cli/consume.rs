@@ -184,15 +184,13 @@ async fn read(
         let records = match page {
             Ok(records) => records,
             Err(error) if reader.is_member() && is_lost(&error) => return Ended::Lost(error),
-            Err(error) => match retries.pause_after(error) {
-                Ok(pause) => {
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => continue,
-                        _ = &mut interrupted => break Ok(()),
-                    }
+            Err(error) => {
+                let Some(pause) = retries.pause_after(&error) else { break Err(error) };
+                if paused(&error.to_string(), pause, interrupted.as_mut()).await {
+                    break Ok(());
                 }
-                Err(error) => break Err(error),
-            },
+                continue;
+            }
         };
         retries = Retries::default();
         if records.is_empty() {
@@ -209,8 +207,9 @@ async fn read(
         match reader.commit().await {
             Err(error) if reader.is_member() && is_lost(&error) => return Ended::Lost(error),
             Err(error) => {
-                if let Err(error) = retries.pause_after(error) {
-                    break Err(error);
+                let Some(pause) = retries.pause_after(&error) else { break Err(error) };
+                if paused(&error.to_string(), pause, interrupted.as_mut()).await {
+                    break Ok(());
                 }
             }
             Ok(()) => {}
@@ -238,15 +237,12 @@ struct Retries {
 }
 
 impl Retries {
-    /// The pause before trying again after `error`, or the error if it is not retryable or
-    /// the refusals have lasted [`RETRY_FOR`]. Only server refusals are retried here; a lost
+    /// The pause before trying again after `error`; `None` if it is not retryable or the
+    /// refusals have lasted [`RETRY_FOR`]. Only server refusals are retried here; a lost
     /// connection is [`Ended::Lost`].
-    fn pause_after(&mut self, error: ClientError) -> Result<Duration, ClientError> {
+    fn pause_after(&mut self, error: &ClientError) -> Option<Duration> {
         let retryable = matches!(error, ClientError::Server { retryable: true, .. });
-        let pause = if retryable { self.pause() } else { None };
-        let Some(pause) = pause else { return Err(error) };
-        eprintln!("malachi consume: {error}; trying again in {} ms", pause.as_millis());
-        Ok(pause)
+        if retryable { self.pause() } else { None }
     }
 
     /// The next pause, or `None` once the failures have lasted [`RETRY_FOR`].
@@ -359,18 +355,19 @@ mod tests {
 
     #[test]
     fn retryable_refusals_are_waited_out_with_growing_pauses_and_others_end_the_run() {
+        let unavailable = ClientError::server(b"metadata_unavailable");
         let mut retries = Retries::default();
         let pauses: Vec<u128> = (0..7)
-            .map(|_| retries.pause_after(ClientError::server(b"metadata_unavailable")))
-            .map(|pause| pause.expect("retryable").as_millis())
+            .map(|_| retries.pause_after(&unavailable).expect("retryable").as_millis())
             .collect();
         assert_eq!(pauses, [100, 200, 400, 800, 1600, 2000, 2000]);
-        let refused = retries.pause_after(ClientError::server(b"permission_denied"));
-        assert!(refused.is_err(), "a final refusal ends the run");
-        assert!(Retries::default().pause_after(ClientError::Closed).is_err(), "one connection");
+        let refused = retries.pause_after(&ClientError::server(b"permission_denied"));
+        assert!(refused.is_none(), "a final refusal ends the run");
+        let closed = Retries::default().pause_after(&ClientError::Closed);
+        assert!(closed.is_none(), "a lost connection is not a refusal to wait out");
         let mut lasting =
             Retries { first_at: Some(std::time::Instant::now() - RETRY_FOR), ..Default::default() };
-        assert!(lasting.pause_after(ClientError::server(b"metadata_unavailable")).is_err());
+        assert!(lasting.pause_after(&unavailable).is_none(), "waited out for RETRY_FOR at most");
     }
 
     #[test]
