@@ -33,6 +33,9 @@ const COMMIT_ATTEMPTS: usize = 4;
 /// Heartbeats per session while busy: a range the group takes from this member moves on at
 /// its next heartbeat, so this bounds how long a new member waits (3 s of the 30 s session).
 const BEATS_PER_SESSION: u32 = 10;
+/// A member that has not renewed its session for this fraction of it (a paused process, a cut
+/// network) may have lost its ranges: it re-learns them before it hands out what it read.
+const STALE_SESSION_DIVISOR: u32 = 2;
 
 /// How a [`GroupMember`] reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,6 +66,8 @@ pub struct GroupMember<'a> {
     /// The next range to read, in turn.
     turn: usize,
     last_beat: Instant,
+    /// When the last heartbeat or commit that renewed the session was sent.
+    renewed_at: Instant,
     last_idle_round: Option<Instant>,
     /// When each range's position was last committed.
     committed_at: BTreeMap<u32, Instant>,
@@ -77,6 +82,7 @@ impl<'a> GroupMember<'a> {
         member: &str,
         options: MemberOptions,
     ) -> Result<GroupMember<'a>, ClientError> {
+        let renewed_at = Instant::now();
         let told = client.join_group(topic, group, member).await?;
         Ok(GroupMember {
             client,
@@ -89,6 +95,7 @@ impl<'a> GroupMember<'a> {
             uncommitted: BTreeMap::new(),
             turn: 0,
             last_beat: Instant::now(),
+            renewed_at,
             last_idle_round: None,
             committed_at: BTreeMap::new(),
         })
@@ -160,11 +167,13 @@ impl<'a> GroupMember<'a> {
                 .map(|(&range, &position)| RangePosition { range, position })
                 .collect();
             let generation = self.told.generation;
+            let sent = Instant::now();
             let member = &self.member;
             let commit =
                 self.client.commit_offsets(&self.topic, &self.group, member, generation, offsets);
             match commit.await {
                 Ok(()) => {
+                    self.renewed_at = sent;
                     let now = Instant::now();
                     self.committed_at.extend(self.uncommitted.keys().map(|&range| (range, now)));
                     self.uncommitted.clear();
@@ -203,6 +212,7 @@ impl<'a> GroupMember<'a> {
 
     /// Heartbeats having applied the current assignment, and applies the answer.
     async fn heartbeat(&mut self) -> Result<(), ClientError> {
+        let sent = Instant::now();
         let beat = self.client.group_heartbeat(
             &self.topic,
             &self.group,
@@ -211,6 +221,7 @@ impl<'a> GroupMember<'a> {
         );
         let told = beat.await?;
         self.last_beat = Instant::now();
+        self.renewed_at = sent;
         self.apply(told);
         Ok(())
     }
@@ -238,6 +249,12 @@ impl<'a> GroupMember<'a> {
         Ok(self.told.ranges != before)
     }
 
+    /// Whether the session went unrenewed for long enough that the ranges may be another's.
+    fn session_may_have_run_out(&self) -> bool {
+        let session = Duration::from_millis(u64::from(self.told.session_ms));
+        self.renewed_at.elapsed() >= session / STALE_SESSION_DIVISOR
+    }
+
     async fn read(&mut self, range: u32, wait_ms: u32) -> Result<Vec<Record>, ClientError> {
         let start = match self.positions.get(&range) {
             Some(&position) => Start::Position(position),
@@ -247,6 +264,13 @@ impl<'a> GroupMember<'a> {
         let max = self.options.max;
         let (page, entries) =
             self.client.fetch_range(&self.topic, range, start, max, wait_ms).await?;
+        if !entries.is_empty() && self.session_may_have_run_out() {
+            // Silent for half a session (paused, cut off): the group may have handed the range
+            // to another member, who reads it too. Learn first; if the range is still ours,
+            // the page is read again from the same position.
+            self.heartbeat().await?;
+            return Ok(Vec::new());
+        }
         self.positions.insert(range, page.next);
         let stale = self.committed_at.get(&range).is_none_or(|at| at.elapsed() >= IDLE_ROUND);
         if !entries.is_empty() || stale {

@@ -265,3 +265,44 @@ async fn a_consumer_rejoins_when_its_broker_restarts() {
     let expected = produce_batch(&client, 2).await;
     assert_once_and_in_order(&printed(&mut lines, &expected, &broker).await, &expected);
 }
+
+/// A member paused (SIGSTOP) past its session loses its ranges to the other, which prints what
+/// arrives meanwhile; woken (SIGCONT), the paused one must not print what its interrupted long
+/// poll brings back from a range that is no longer its own: it re-learns its ranges first.
+/// Every record of the batches produced during and after the pause is printed exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_paused_past_its_session_prints_nothing_another_member_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = BrokerProcess::new(dir.path()).env("MALACHI_GROUP_SESSION_TIMEOUT_MS", "3000");
+    let (_serve, client) = serve_orders(&broker).await;
+    let (sender, mut lines) = unbounded_channel();
+    let a = consumer(&broker, "a", sender.clone());
+    let _b = consumer(&broker, "b", sender);
+    let batch = until_each_prints(&client, &mut lines, &broker, 2, 0).await;
+
+    let signal = |name: i32| {
+        // SAFETY: a plain signal to a child this test owns.
+        assert_eq!(unsafe { libc::kill(a.0.id() as i32, name) }, 0);
+    };
+    signal(libc::SIGSTOP);
+    let during = produce_batch(&client, batch + 1).await;
+    let mut seen = Vec::new();
+    receive_until(&mut lines, &mut seen, &broker, |seen| {
+        let by_b: BTreeSet<&String> =
+            seen.iter().filter(|(who, _)| who == "b").map(|(_, value)| value).collect();
+        during.iter().all(|value| by_b.contains(value))
+    })
+    .await;
+    signal(libc::SIGCONT);
+    let after = produce_batch(&client, batch + 2).await;
+    receive_until(&mut lines, &mut seen, &broker, |seen| {
+        let printed: BTreeSet<&String> = seen.iter().map(|(_, value)| value).collect();
+        after.iter().all(|value| printed.contains(value))
+    })
+    .await;
+    for expected in [during, after] {
+        let checked: Vec<(String, String)> =
+            seen.iter().filter(|(_, value)| expected.contains(value)).cloned().collect();
+        assert_once_and_in_order(&checked, &expected);
+    }
+}
